@@ -1,0 +1,461 @@
+package replayd
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// ErrAlreadyTailing is returned by a second StartTail on the same hub while
+// the first is still running.
+var ErrAlreadyTailing = errors.New("replayd: hub is already tailing")
+
+// ErrClosed is returned by calls on a hub after Close.
+var ErrClosed = errors.New("replayd: hub is closed")
+
+// Options configures an EventHub. The zero value is ready to use.
+type Options struct {
+	DefaultType string       // SSE event type when Publish gets none; default "message"
+	SSE         SSEOptions   // the SSE endpoint's behaviour
+	Logger      *slog.Logger // nil: discard
+}
+
+// SSEOptions configures the handler returned by EventHub.Handler. Zero
+// values mean the defaults given; negative values mean "off" where noted.
+type SSEOptions struct {
+	// TopicParam is the query parameter naming the topic; default "topic".
+	TopicParam string
+	// AllowedOrigins lists the origins (scheme://host[:port]) allowed to
+	// connect. Empty: same-origin requests and requests without an Origin
+	// header only. []string{"*"}: any origin.
+	AllowedOrigins []string
+	// ReplayLimit is the most events a reconnecting client is replayed;
+	// anything older it missed is named in a gap frame. Default 100;
+	// negative: replay nothing, so any backlog is a gap.
+	ReplayLimit int
+	// HeartbeatInterval is how often an idle stream gets a heartbeat frame.
+	// Default 15s; negative: no heartbeats.
+	HeartbeatInterval time.Duration
+	// HeartbeatData, if set, is called for each heartbeat with the
+	// connection's topic ("" for a global connection). An object it returns
+	// is merged into the heartbeat's data; any other non-nil value is sent
+	// under "data".
+	HeartbeatData func(topic string) any
+	// GapEventType is the SSE event type of gap frames; default "gap".
+	GapEventType string
+	// Retry, if positive, is sent first as the SSE retry field: how long a
+	// browser waits before reconnecting.
+	Retry time.Duration
+	// MaxBufferedBytes caps each connection's unsent frames. A client past
+	// the cap is disconnected and resumes from the log when it reconnects.
+	// Default 1 MiB; negative: no cap.
+	MaxBufferedBytes int
+}
+
+// Defaults.
+const (
+	defaultType              = "message"
+	defaultTopicParam        = "topic"
+	defaultReplayLimit       = 100
+	defaultHeartbeatInterval = 15 * time.Second
+	defaultGapEventType      = "gap"
+	defaultMaxBufferedBytes  = 1 << 20
+)
+
+// withDefaults returns opts with every zero value replaced by its default.
+func (opts Options) withDefaults() (Options, error) {
+	if opts.DefaultType == "" {
+		opts.DefaultType = defaultType
+	}
+	if err := validateName("default event type", opts.DefaultType); err != nil {
+		return opts, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &opts.SSE
+	if s.TopicParam == "" {
+		s.TopicParam = defaultTopicParam
+	}
+	switch {
+	case s.ReplayLimit == 0:
+		s.ReplayLimit = defaultReplayLimit
+	case s.ReplayLimit < 0:
+		s.ReplayLimit = 0
+	}
+	if s.HeartbeatInterval == 0 {
+		s.HeartbeatInterval = defaultHeartbeatInterval
+	}
+	if s.GapEventType == "" {
+		s.GapEventType = defaultGapEventType
+	}
+	if err := validateName("gap event type", s.GapEventType); err != nil {
+		return opts, err
+	}
+	if s.MaxBufferedBytes == 0 {
+		s.MaxBufferedBytes = defaultMaxBufferedBytes
+	}
+	s.AllowedOrigins = append([]string(nil), s.AllowedOrigins...)
+	return opts, nil
+}
+
+// Event is one published event as stored in the log.
+type Event struct {
+	Sequence  int64           // the row's sequence: the SSE id
+	EventID   string          // idempotency key; a UUIDv7 unless given
+	Type      string          // the SSE event type
+	Topic     string          // "" = broadcast
+	Payload   json.RawMessage // the JSON sent as the SSE data
+	CreatedAt time.Time       // commit time, millisecond precision
+}
+
+// store is the hub's view of its log: the seam where a second storage
+// backend would plug in without the SSE handler noticing. *EventLog is the
+// SQLite implementation.
+type store interface {
+	ensureSchema(ctx context.Context) error
+	// latestSequence is the head: the highest sequence ever assigned.
+	latestSequence(ctx context.Context) (int64, error)
+	// appendBatch commits evs in one transaction (see EventLog.appendBatch).
+	appendBatch(ctx context.Context, evs []Event, dup []bool) error
+	// readAfter returns up to limit events of every topic above after, ascending.
+	readAfter(ctx context.Context, after int64, limit int) ([]Event, error)
+	// pruneWatermark is the highest sequence retention has deleted, any topic.
+	pruneWatermark(ctx context.Context) (int64, error)
+	readHandshake(ctx context.Context, topic string, cursor int64, limit int) (handshake, error)
+	// prune applies policy; lock is held around each write transaction.
+	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
+}
+
+func (l *EventLog) latestSequence(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
+func (l *EventLog) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
+	return l.replay(ctx, l.db, "", after, limit)
+}
+func (l *EventLog) pruneWatermark(ctx context.Context) (int64, error) {
+	return l.watermark(ctx, l.db, "")
+}
+
+// EventHub publishes events to the log and streams them to SSE clients and
+// in-process subscribers. Create one with New; it is safe for concurrent use.
+type EventHub struct {
+	opts    Options
+	log     *EventLog
+	store   store
+	logger  *slog.Logger
+	clients *TopicClientTracker
+
+	// writeMu serialises this process's write transactions (publish
+	// batches, prune batches, schema), so they queue here instead of in
+	// SQLite's sleeping busy handler.
+	writeMu sync.Mutex
+	// pubs carries Publish calls to the writer goroutine. It is unbuffered:
+	// a request is either taken by the writer, which then always answers
+	// it, or never sent.
+	pubs chan *publishReq
+
+	live live
+
+	ctx    context.Context // cancelled by Close: ends tail and retention
+	cancel context.CancelFunc
+	done   chan struct{} // closed by Close
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex // guards the fields below, and wg.Add after Close
+	closed  bool
+	tailing bool
+	streams map[*stream]struct{}
+
+	// testHookBeforeLive, if set, runs in the SSE handler between the
+	// replay and going live.
+	testHookBeforeLive func()
+}
+
+// New returns a hub over db, creating the schema if it is missing. The hub
+// never closes db: the caller owns it. Rows already in the log are never
+// delivered live; clients get them by replay.
+func New(db *sql.DB, opts Options) (*EventHub, error) {
+	if db == nil {
+		return nil, errors.New("replayd: new: nil *sql.DB")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	log := &EventLog{db: db}
+	h := &EventHub{
+		opts:    opts,
+		log:     log,
+		store:   log,
+		logger:  opts.Logger,
+		clients: newTopicClientTracker(),
+		pubs:    make(chan *publishReq),
+		done:    make(chan struct{}),
+		streams: make(map[*stream]struct{}),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	if err := h.EnsureSchema(ctx); err != nil {
+		return nil, err
+	}
+	if h.live.pos, err = h.store.latestSequence(ctx); err != nil {
+		return nil, fmt.Errorf("replayd: new: %w", err)
+	}
+	h.live.init()
+	h.wg.Add(1)
+	go h.writeLoop()
+	return h, nil
+}
+
+// EnsureSchema creates the log's tables and index if they are missing. New
+// calls it; it is safe to call again and from several processes at once.
+func (h *EventHub) EnsureSchema(ctx context.Context) error {
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	if err := h.store.ensureSchema(ctx); err != nil {
+		return fmt.Errorf("replayd: ensure schema: %w", err)
+	}
+	return nil
+}
+
+// A PublishOption changes one Publish call.
+type PublishOption func(*publishOptions)
+
+type publishOptions struct {
+	eventType, eventID     string
+	typeSet, eventIDSet bool
+}
+
+// WithType sets the event's SSE type instead of Options.DefaultType.
+func WithType(eventType string) PublishOption {
+	return func(o *publishOptions) { o.eventType, o.typeSet = eventType, true }
+}
+
+// WithEventID sets the event's idempotency key. Publishing again with an id
+// that is already stored stores and delivers nothing and returns the
+// original event, so a publisher can retry safely.
+func WithEventID(id string) PublishOption {
+	return func(o *publishOptions) { o.eventID, o.eventIDSet = id, true }
+}
+
+type publishReq struct {
+	ev  Event
+	res chan publishRes // buffered: the writer never waits on the caller
+}
+
+type publishRes struct {
+	ev  Event
+	err error
+}
+
+// Publish appends an event to the log and delivers it to live subscribers.
+// topic "" is a broadcast, delivered to every connection. The payload is
+// encoded with encoding/json; a json.RawMessage or []byte must hold valid
+// JSON and is stored as given.
+//
+// Publish returns after the row is durably committed, with its sequence,
+// and after it has been handed to every live subscriber of this hub. It
+// never waits on an SSE client. Concurrent calls are committed together in
+// one transaction (group commit); a bad event fails only its own call.
+//
+// If ctx ends after the event was handed to the writer, Publish returns
+// ctx's error although the event may be stored: retry with WithEventID to
+// make that safe.
+func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts ...PublishOption) (Event, error) {
+	po := publishOptions{eventType: h.opts.DefaultType}
+	for _, o := range opts {
+		o(&po)
+	}
+	if err := validateTopic(topic); err != nil {
+		return Event{}, err
+	}
+	if err := validateName("event type", po.eventType); err != nil {
+		return Event{}, err
+	}
+	if po.eventIDSet {
+		if err := validateName("event id", po.eventID); err != nil {
+			return Event{}, err
+		}
+	} else {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return Event{}, fmt.Errorf("replayd: publish: %w", err)
+		}
+		po.eventID = id.String()
+	}
+	data, err := encodePayload(payload)
+	if err != nil {
+		return Event{}, err
+	}
+	req := &publishReq{
+		ev:  Event{EventID: po.eventID, Type: po.eventType, Topic: topic, Payload: data},
+		res: make(chan publishRes, 1),
+	}
+	select {
+	case h.pubs <- req:
+	case <-h.done:
+		return Event{}, ErrClosed
+	case <-ctx.Done():
+		return Event{}, fmt.Errorf("replayd: publish: %w", ctx.Err())
+	}
+	select {
+	case r := <-req.res:
+		return r.ev, r.err
+	case <-ctx.Done():
+		return Event{}, fmt.Errorf("replayd: publish: %w", ctx.Err())
+	}
+}
+
+// maxBatch bounds how many publishes one transaction commits.
+const maxBatch = 1024
+
+// writeLoop is the writer goroutine: it takes every Publish waiting at the
+// moment, commits them in one transaction, delivers them live in sequence
+// order and answers each caller.
+func (h *EventHub) writeLoop() {
+	defer h.wg.Done()
+	batch := make([]*publishReq, 0, maxBatch)
+	for {
+		select {
+		case r := <-h.pubs:
+			batch = append(batch[:0], r)
+		case <-h.done:
+			return
+		}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case r := <-h.pubs:
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		h.commit(batch)
+	}
+}
+
+func (h *EventHub) commit(batch []*publishReq) {
+	evs := make([]Event, len(batch))
+	dup := make([]bool, len(batch))
+	for i, r := range batch {
+		evs[i] = r.ev
+	}
+	h.writeMu.Lock()
+	err := h.store.appendBatch(context.Background(), evs, dup)
+	h.writeMu.Unlock()
+	if err != nil {
+		if len(batch) > 1 {
+			// Whatever failed, it fails only its own publish: retry alone.
+			for _, r := range batch {
+				h.commit([]*publishReq{r})
+			}
+			return
+		}
+		batch[0].res <- publishRes{err: fmt.Errorf("replayd: publish: %w", err)}
+		return
+	}
+	fresh := make([]Event, 0, len(evs))
+	for i, ev := range evs {
+		if !dup[i] {
+			fresh = append(fresh, ev)
+		}
+	}
+	if len(fresh) > 0 {
+		h.deliver(fresh[0].Sequence-1, fresh)
+	}
+	for i, r := range batch {
+		r.res <- publishRes{ev: evs[i]}
+	}
+}
+
+// Subscribe registers fn to receive every event delivered live by this hub,
+// of every topic, exactly once and in sequence order, until unsubscribe is
+// called. fn runs on the delivering goroutine: it must return quickly and
+// must not call Publish. unsubscribe may be called from inside fn; once it
+// returns, fn is not called again.
+func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
+	return h.live.subscribeFunc(fn)
+}
+
+// Replay returns up to limit of the oldest events visible to topic whose
+// sequence is above since; see EventLog.Replay.
+func (h *EventHub) Replay(ctx context.Context, topic string, since int64, limit int) ([]Event, error) {
+	return h.log.Replay(ctx, topic, since, limit)
+}
+
+// LatestSequence returns the head: the highest sequence ever assigned.
+func (h *EventHub) LatestSequence(ctx context.Context) (int64, error) {
+	return h.log.LatestSequence(ctx)
+}
+
+// Stats reports the head and, for every topic that has had an SSE
+// connection since the hub was created, its active connection count.
+func (h *EventHub) Stats(ctx context.Context) (Stats, error) {
+	head, err := h.LatestSequence(ctx)
+	if err != nil {
+		return Stats{}, err
+	}
+	return Stats{LatestSequence: head, Topics: h.clients.Snapshot()}, nil
+}
+
+// Stats is a snapshot of a hub.
+type Stats struct {
+	LatestSequence int64
+	Topics         []TopicStats // sorted by topic; "" is global connections
+}
+
+// Handler returns the SSE endpoint. Mount it wherever you like:
+//
+//	mux.Handle("/events", hub.Handler())
+func (h *EventHub) Handler() http.Handler { return (*sseHandler)(h) }
+
+// Log returns the hub's event log.
+func (h *EventHub) Log() *EventLog { return h.log }
+
+// Clients returns the tracker of the hub's SSE connections.
+func (h *EventHub) Clients() *TopicClientTracker { return h.clients }
+
+// Close stops tailing and retention, ends every open SSE stream, waits for
+// every goroutine the hub started, and lets pending publishes finish.
+// Publishes after Close return ErrClosed. Close does not close the *sql.DB.
+func (h *EventHub) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	h.cancel()
+	close(h.done)
+	for s := range h.streams {
+		s.kill()
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+	return nil
+}
+
+// goLoop runs fn on a goroutine that Close waits for, unless the hub is
+// closed already.
+func (h *EventHub) goLoop(fn func()) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return ErrClosed
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		fn()
+	}()
+	return nil
+}

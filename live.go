@@ -1,0 +1,197 @@
+package replayd
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// live is a hub's live delivery: one live position, and the subscribers
+// every row above it reaches exactly once, in sequence order, whichever path
+// brought the row (this hub's publish, or the tail reading other processes'
+// writes).
+type live struct {
+	// mu orders deliveries and guards pos. User callbacks run under it.
+	mu  sync.Mutex
+	pos int64 // the highest sequence delivered live
+
+	// subsMu guards the subscriber sets. A subscriber registered under it
+	// gets every row dispatched after that moment; every row dispatched
+	// before was committed before, so a head read afterwards covers it.
+	subsMu  sync.Mutex
+	byTopic map[string]map[*stream]struct{} // "" = global connections
+	funcs   []*funcSub                      // copy on write
+}
+
+type funcSub struct {
+	fn   func(Event)
+	gone atomic.Bool
+}
+
+// liveEvent is an event on its way to subscribers, with its SSE frame
+// encoded once for every connection.
+type liveEvent struct {
+	Event
+	frame []byte
+}
+
+func (l *live) init() {
+	l.byTopic = make(map[string]map[*stream]struct{})
+}
+
+func (l *live) subscribeFunc(fn func(Event)) func() {
+	sub := &funcSub{fn: fn}
+	l.subsMu.Lock()
+	l.funcs = append(l.funcs[:len(l.funcs):len(l.funcs)], sub)
+	l.subsMu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			sub.gone.Store(true)
+			l.subsMu.Lock()
+			defer l.subsMu.Unlock()
+			for i, s := range l.funcs {
+				if s == sub {
+					l.funcs = append(l.funcs[:i:i], l.funcs[i+1:]...)
+					break
+				}
+			}
+		})
+	}
+}
+
+func (l *live) addStream(s *stream) {
+	l.subsMu.Lock()
+	defer l.subsMu.Unlock()
+	set := l.byTopic[s.topic]
+	if set == nil {
+		set = make(map[*stream]struct{})
+		l.byTopic[s.topic] = set
+	}
+	set[s] = struct{}{}
+}
+
+func (l *live) removeStream(s *stream) {
+	l.subsMu.Lock()
+	defer l.subsMu.Unlock()
+	set := l.byTopic[s.topic]
+	delete(set, s)
+	if len(set) == 0 {
+		delete(l.byTopic, s.topic)
+	}
+}
+
+// dispatch hands rows above the live position to every subscriber and
+// advances the position. l.mu must be held; rows must be ascending.
+func (l *live) dispatch(rows []Event) {
+	for len(rows) > 0 && rows[0].Sequence <= l.pos {
+		rows = rows[1:]
+	}
+	if len(rows) == 0 {
+		return
+	}
+	l.pos = rows[len(rows)-1].Sequence
+	l.subsMu.Lock()
+	for i := range rows {
+		ev := &rows[i]
+		var le *liveEvent
+		if ev.Topic == "" {
+			for _, set := range l.byTopic {
+				le = pushAll(set, ev, le)
+			}
+		} else {
+			le = pushAll(l.byTopic[ev.Topic], ev, le)
+			le = pushAll(l.byTopic[""], ev, le)
+		}
+	}
+	funcs := l.funcs
+	l.subsMu.Unlock()
+	for _, ev := range rows {
+		for _, sub := range funcs {
+			if !sub.gone.Load() {
+				sub.fn(ev)
+			}
+		}
+	}
+}
+
+// pushAll queues ev on every stream of set, encoding its frame (le) on first
+// use, and returns le.
+func pushAll(set map[*stream]struct{}, ev *Event, le *liveEvent) *liveEvent {
+	for s := range set {
+		if le == nil {
+			le = &liveEvent{Event: *ev, frame: appendEventFrame(nil, *ev)}
+		}
+		s.push(le)
+	}
+	return le
+}
+
+// catchUpPage is how many rows one log read brings while catching up.
+const catchUpPage = 1000
+
+// deliver hands rows to live subscribers. rows, when not empty, must be
+// every row with a sequence in (after, last row's sequence], ascending.
+// Rows between the live position and after, committed by another process,
+// are first read from the log, so no subscriber skips them.
+func (h *EventHub) deliver(after int64, rows []Event) {
+	h.live.mu.Lock()
+	defer h.live.mu.Unlock()
+	for h.live.pos < after {
+		if _, err := h.catchUp(after, catchUpPage); err != nil {
+			// The rows in between cannot be read, so they cannot be
+			// delivered in order: make every stream resume from the log.
+			h.logger.Error("replayd: cannot read rows committed by another process; reconnecting streams",
+				"from", h.live.pos+1, "through", after, "err", err)
+			h.resync()
+			h.live.pos = after
+		}
+	}
+	h.live.dispatch(rows)
+}
+
+// catchUp reads at most limit rows above the live position, stopping at
+// through, and dispatches them. It reports how many rows it read. The caller
+// holds h.live.mu.
+func (h *EventHub) catchUp(through int64, limit int) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	from := h.live.pos
+	rows, err := h.store.readAfter(ctx, from, limit)
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) == 0 || rows[0].Sequence != from+1 {
+		// Sequences need not be contiguous, but rows above the live
+		// position may also have been pruned before they were delivered.
+		mark, err := h.store.pruneWatermark(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if mark > from {
+			h.logger.Warn("replayd: rows were pruned before live delivery; reconnecting streams",
+				"from", from+1, "through", mark)
+			h.resync()
+		}
+	}
+	n := len(rows)
+	for len(rows) > 0 && rows[len(rows)-1].Sequence > through {
+		rows = rows[:len(rows)-1]
+	}
+	h.live.dispatch(rows)
+	if n < limit && h.live.pos < through {
+		h.live.pos = through // nothing else is committed up to through
+	}
+	return n, nil
+}
+
+// resync ends every open stream so that its client reconnects and resumes
+// from the log, where the guarantee is kept by replay and gaps.
+func (h *EventHub) resync() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.streams {
+		s.kill()
+	}
+}

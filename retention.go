@@ -1,0 +1,78 @@
+package replayd
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// RetentionPolicy bounds the log. Zero fields are no limit.
+type RetentionPolicy struct {
+	MaxEvents int64         // keep at most this many newest events; 0: no count limit
+	MaxAge    time.Duration // delete events older than this; 0: no age limit
+}
+
+// Prune deletes the events policy condemns: all but the newest MaxEvents,
+// and those older than MaxAge, whichever deletes more. It works in batches
+// of at most 1,000 rows, each its own short transaction, so publishers are
+// never stalled for long, and records each topic's prune watermark in the
+// same transaction as its delete, so a client that reconnects below it gets
+// a "pruned" gap. It returns how many rows it deleted.
+func (h *EventHub) Prune(ctx context.Context, policy RetentionPolicy) (deleted int64, err error) {
+	deleted, err = h.store.prune(ctx, policy, h.lockWrites)
+	if err != nil {
+		return deleted, fmt.Errorf("replayd: prune: %w", err)
+	}
+	return deleted, nil
+}
+
+// lockWrites takes the hub's write lock and returns its unlock.
+func (h *EventHub) lockWrites() func() {
+	h.writeMu.Lock()
+	return h.writeMu.Unlock
+}
+
+// defaultRetentionInterval is StartRetention's interval when given none.
+const defaultRetentionInterval = time.Hour
+
+// StartRetention prunes by policy now and then every interval (<= 0: 1h)
+// until stop is called or the hub is closed. Errors are logged and retried
+// at the next tick. stop waits for a prune in progress to end; it is safe
+// to call more than once.
+func (h *EventHub) StartRetention(policy RetentionPolicy, interval time.Duration) (stop func()) {
+	if interval <= 0 {
+		interval = defaultRetentionInterval
+	}
+	ctx, cancel := context.WithCancel(h.ctx)
+	exited := make(chan struct{})
+	err := h.goLoop(func() {
+		defer close(exited)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			n, err := h.Prune(ctx, policy)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				h.logger.Error("replayd: scheduled prune failed", "deleted", n, "err", err)
+			case n > 0:
+				h.logger.Info("replayd: pruned events", "deleted", n)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+	if err != nil {
+		close(exited)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			<-exited
+		})
+	}
+}

@@ -1,0 +1,385 @@
+package replayd
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// writeTimeout bounds each write to a client. A client that cannot take a
+// write for this long is disconnected; it resumes from the log.
+const writeTimeout = 15 * time.Second
+
+// sseHandler is the hub's SSE endpoint.
+type sseHandler EventHub
+
+func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := (*EventHub)(sh)
+	o := &h.opts.SSE
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+	case http.MethodOptions:
+		h.preflight(w, r)
+		return
+	default:
+		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if !h.allowOrigin(w, r) {
+		http.Error(w, "origin not allowed", http.StatusForbidden)
+		return
+	}
+	query := r.URL.Query()
+	topic := strings.TrimSpace(query.Get(o.TopicParam))
+	if err := validateTopic(topic); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	rawCursor := r.Header.Get("Last-Event-ID")
+	if rawCursor == "" {
+		rawCursor = query.Get("lastEventId")
+	}
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
+	hdr.Set("Cache-Control", "no-cache, no-transform")
+	hdr.Set("X-Accel-Buffering", "no")
+	if r.Method == http.MethodHead {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	h.serveStream(w, r, topic, rawCursor)
+}
+
+// allowOrigin applies the origin policy of §4.2, setting the CORS response
+// headers of an allowed cross-origin request.
+func (h *EventHub) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	allowed := h.opts.SSE.AllowedOrigins
+	switch {
+	case len(allowed) == 0:
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		return origin == "" || strings.EqualFold(origin, scheme+"://"+r.Host)
+	case slices.Contains(allowed, "*"):
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		return true
+	}
+	w.Header().Add("Vary", "Origin")
+	if origin == "" {
+		return true
+	}
+	for _, a := range allowed {
+		if strings.EqualFold(a, origin) {
+			w.Header().Set("Access-Control-Allow-Origin", origin)
+			return true
+		}
+	}
+	return false
+}
+
+// preflight answers OPTIONS: a CORS preflight from an allowed origin gets
+// 204 allowing GET with Last-Event-ID and Cache-Control; any other origin
+// 403. An OPTIONS without Origin is not a preflight and just lists methods.
+func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", "GET, HEAD, OPTIONS")
+	if r.Header.Get("Origin") != "" {
+		if !h.allowOrigin(w, r) {
+			http.Error(w, "origin not allowed", http.StatusForbidden)
+			return
+		}
+		w.Header().Set("Access-Control-Allow-Methods", "GET")
+		w.Header().Set("Access-Control-Allow-Headers", "Last-Event-ID, Cache-Control")
+		w.Header().Set("Access-Control-Max-Age", "600")
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// serveStream runs one SSE connection: subscribe, read the log, write hello,
+// gap and replay, then stream live events until the client, the hub or a
+// write gives up.
+func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, rawCursor string) {
+	o := &h.opts.SSE
+	s := &stream{
+		topic: topic,
+		rc:    http.NewResponseController(w),
+		max:   o.MaxBufferedBytes,
+		wake:  make(chan struct{}, 1),
+	}
+	if !h.addStream(s) {
+		http.Error(w, "server is shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	defer h.removeStream(s)
+
+	// Subscribe before reading the head: every row committed later is
+	// queued on s, every row committed earlier is at or below the head.
+	h.live.addStream(s)
+	defer h.live.removeStream(s)
+
+	cursor, valid := parseCursor(rawCursor)
+	readFrom := int64(-1) // fresh: read only the head
+	if rawCursor != "" && valid {
+		readFrom = cursor
+	}
+	ctx := r.Context()
+	hs, err := h.store.readHandshake(ctx, topic, readFrom, o.ReplayLimit)
+	if err != nil {
+		if ctx.Err() == nil {
+			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "err", err)
+			http.Error(w, "event log unavailable", http.StatusServiceUnavailable)
+		}
+		return
+	}
+	g := gapFor(rawCursor, cursor, valid, hs, o.ReplayLimit)
+	if readFrom < 0 || cursor > hs.head {
+		cursor = hs.head // fresh, or treated as fresh
+	}
+
+	h.clients.opened(topic)
+	defer h.clients.closed(topic)
+
+	b := make([]byte, 0, 512)
+	if o.Retry > 0 {
+		b = appendRetry(b, o.Retry.Milliseconds())
+	}
+	hi := hello{Cursor: cursor, Head: hs.head}
+	if topic != "" {
+		hi.Topic = &topic
+	}
+	b = appendEventFrame(b, Event{Sequence: cursor, Type: "hello", Payload: mustJSON(hi)})
+	if g != nil {
+		b = appendFrame(b, o.GapEventType, mustJSON(g))
+	}
+	for _, ev := range hs.replay {
+		b = appendEventFrame(b, ev)
+	}
+	if !s.write(w, b) {
+		return
+	}
+	if h.testHookBeforeLive != nil {
+		h.testHookBeforeLive()
+	}
+
+	// Live. Everything at or below the head was replayed, named in the
+	// gap, or is invisible to this scope; the queue may repeat some of it.
+	floor := hs.head
+	var heartbeat <-chan time.Time
+	if o.HeartbeatInterval > 0 {
+		t := time.NewTicker(o.HeartbeatInterval)
+		defer t.Stop()
+		heartbeat = t.C
+	}
+	for {
+		select {
+		case <-s.wake:
+			q, ok := s.take()
+			if !ok {
+				return
+			}
+			b = b[:0]
+			for _, le := range q {
+				if le.Sequence > floor {
+					b = append(b, le.frame...)
+					floor = le.Sequence
+				}
+			}
+			ok = s.write(w, b)
+			s.release(q)
+			if !ok {
+				return
+			}
+		case now := <-heartbeat:
+			var extra any
+			if o.HeartbeatData != nil {
+				extra = o.HeartbeatData(topic)
+			}
+			data, err := heartbeatData(now.UnixMilli(), extra)
+			if err != nil {
+				h.logger.Warn("replayd: encode HeartbeatData", "topic", topic, "err", err)
+			}
+			if !s.write(w, appendFrame(b[:0], "heartbeat", data)) {
+				return
+			}
+		case <-ctx.Done():
+			return
+		case <-h.done:
+			return
+		}
+		if cap(b) > 64<<10 {
+			b = nil // do not keep a burst's buffer on an idle connection
+		}
+	}
+}
+
+// gapFor returns the gap frame a new stream is owed, or nil (§4.4).
+func gapFor(rawCursor string, cursor int64, valid bool, hs handshake, limit int) *gap {
+	switch {
+	case rawCursor == "":
+		return nil
+	case !valid:
+		return &gap{Reason: reasonInvalidCursor, ReplayLimit: limit}
+	case cursor > hs.head:
+		return &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: limit}
+	case hs.watermark > cursor:
+		return &gap{
+			Reason:        reasonPruned,
+			ResumedFrom:   ptr(cursor),
+			MissedFrom:    ptr(cursor + 1),
+			MissedThrough: ptr(max(hs.watermark, hs.skipped.last)),
+			ReplayLimit:   limit,
+		}
+	case hs.skipped.count > 0:
+		return &gap{
+			Reason:        reasonReplayLimit,
+			ResumedFrom:   ptr(cursor),
+			MissedFrom:    ptr(hs.skipped.first),
+			MissedThrough: ptr(hs.skipped.last),
+			Missed:        ptr(hs.skipped.count),
+			ReplayLimit:   limit,
+		}
+	}
+	return nil
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only called on types that always encode
+	}
+	return b
+}
+
+// addStream registers s so Close and resync can end it; false if the hub
+// is closed.
+func (h *EventHub) addStream(s *stream) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.streams[s] = struct{}{}
+	h.wg.Add(1)
+	return true
+}
+
+func (h *EventHub) removeStream(s *stream) {
+	h.mu.Lock()
+	delete(h.streams, s)
+	h.mu.Unlock()
+	h.wg.Done()
+}
+
+// stream is one SSE connection's queue of live frames. Publishers push onto
+// it without ever waiting; the handler goroutine drains it into one write
+// and one flush.
+type stream struct {
+	topic string
+	rc    *http.ResponseController
+	max   int           // cap on queued bytes; negative: none
+	wake  chan struct{} // signalled when the queue gains frames or s dies
+
+	mu     sync.Mutex // guards the fields below
+	queue  []*liveEvent
+	spare  []*liveEvent // the drained queue, reused
+	queued int          // bytes pushed and not yet written
+	dead   bool         // over the cap or killed: the stream must end
+}
+
+// push queues le, or kills the stream if that would pass its cap.
+func (s *stream) push(le *liveEvent) {
+	s.mu.Lock()
+	if s.dead {
+		s.mu.Unlock()
+		return
+	}
+	if s.max >= 0 && s.queued+len(le.frame) > s.max {
+		s.killLocked()
+		s.mu.Unlock()
+		return
+	}
+	if s.queue == nil {
+		s.queue, s.spare = s.spare, nil
+	}
+	s.queue = append(s.queue, le)
+	s.queued += len(le.frame)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the queued frames; false if the stream must end.
+func (s *stream) take() ([]*liveEvent, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queue
+	s.queue = nil
+	return q, !s.dead
+}
+
+// release returns a drained queue once its frames are written.
+func (s *stream) release(q []*liveEvent) {
+	n := 0
+	for _, le := range q {
+		n += len(le.frame)
+	}
+	clear(q)
+	s.mu.Lock()
+	s.queued -= n
+	if s.spare == nil {
+		s.spare = q[:0]
+	}
+	s.mu.Unlock()
+}
+
+// write writes b and flushes, within writeTimeout; false if the stream
+// must end.
+func (s *stream) write(w http.ResponseWriter, b []byte) bool {
+	s.mu.Lock()
+	if s.dead {
+		s.mu.Unlock()
+		return false
+	}
+	// Set under mu, so a concurrent kill's deadline is never overwritten.
+	if err := s.rc.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.mu.Unlock()
+		return false
+	}
+	s.mu.Unlock()
+	if len(b) > 0 {
+		if _, err := w.Write(b); err != nil {
+			return false
+		}
+	}
+	return s.rc.Flush() == nil
+}
+
+// kill ends the stream: its handler returns at its next step, and a write
+// in progress fails at once.
+func (s *stream) kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+}
+
+func (s *stream) killLocked() {
+	if s.dead {
+		return
+	}
+	s.dead = true
+	clear(s.queue)
+	s.queue = nil
+	_ = s.rc.SetWriteDeadline(time.Now())
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
