@@ -230,7 +230,7 @@ func (h *EventHub) EnsureSchema(ctx context.Context) error {
 type PublishOption func(*publishOptions)
 
 type publishOptions struct {
-	eventType, eventID     string
+	eventType, eventID  string
 	typeSet, eventIDSet bool
 }
 
