@@ -11,7 +11,8 @@ import (
 
 // The schema. One append-only table holds every event; a second, tiny table
 // holds the prune watermarks (§3 of the spec). Topic is NULL for broadcasts in
-// the events table and ” in the watermark table, where it is a primary key.
+// the events table and the empty string in the watermark table, where it is
+// a primary key.
 var schema = []string{
 	`CREATE TABLE IF NOT EXISTS events (
 		sequence   INTEGER PRIMARY KEY AUTOINCREMENT,
