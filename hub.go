@@ -173,9 +173,9 @@ type EventHub struct {
 	tailing bool
 	streams map[*stream]struct{}
 
-	// testHookBeforeLive, if set, runs in the SSE handler between the
-	// replay and going live.
-	testHookBeforeLive func()
+	// Test hooks, run by the SSE handler if set: after subscribing and
+	// before reading the log, and between the replay and going live.
+	testHookAfterSubscribe, testHookBeforeLive func()
 }
 
 // New returns a hub over db, creating the schema if it is missing. The hub

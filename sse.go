@@ -122,6 +122,9 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, ra
 	// queued on s, every row committed earlier is at or below the head.
 	h.live.addStream(s)
 	defer h.live.removeStream(s)
+	if h.testHookAfterSubscribe != nil {
+		h.testHookAfterSubscribe()
+	}
 
 	cursor, valid := parseCursor(rawCursor)
 	readFrom := int64(-1) // fresh: read only the head
