@@ -5,8 +5,11 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
+
+	"modernc.org/sqlite"
 )
 
 // The schema. One append-only table holds every event; a second, tiny table
@@ -315,7 +318,7 @@ func (l *EventLog) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err e
 		return err
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	if err := beginImmediate(ctx, conn); err != nil {
 		return err
 	}
 	if err := fn(conn); err != nil {
@@ -334,6 +337,28 @@ func (l *EventLog) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err e
 	}
 	return nil
 }
+
+// beginImmediate takes the write lock. The busy timeout of OpenDB's
+// connections already waits for another process's lock; this retries a
+// busy answer anyway, for a *sql.DB opened without one.
+func beginImmediate(ctx context.Context, conn *sql.Conn) error {
+	deadline := time.Now().Add(busyTimeoutMillis * time.Millisecond)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		_, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+		var se *sqlite.Error
+		if err == nil || !errors.As(err, &se) || se.Code()&0xff != sqliteBusy || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// sqliteBusy is SQLITE_BUSY, the primary result code of a locked database.
+const sqliteBusy = 5
 
 // discard makes database/sql drop conn instead of pooling it.
 func discard(conn *sql.Conn) {

@@ -202,7 +202,6 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	h.ctx, h.cancel = context.WithCancel(context.Background())
 	if err := h.EnsureSchema(ctx); err != nil {
 		return nil, err
 	}
@@ -210,6 +209,7 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
 	h.live.init()
+	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.wg.Add(1)
 	go h.writeLoop()
 	return h, nil

@@ -61,6 +61,13 @@ func (l *live) subscribeFunc(fn func(Event)) func() {
 	}
 }
 
+// hasSubscribers reports whether anything would receive a dispatch.
+func (l *live) hasSubscribers() bool {
+	l.subsMu.Lock()
+	defer l.subsMu.Unlock()
+	return len(l.byTopic) > 0 || len(l.funcs) > 0
+}
+
 func (l *live) addStream(s *stream) {
 	l.subsMu.Lock()
 	defer l.subsMu.Unlock()
@@ -138,6 +145,15 @@ const catchUpPage = 1000
 func (h *EventHub) deliver(after int64, rows []Event) {
 	h.live.mu.Lock()
 	defer h.live.mu.Unlock()
+	if !h.live.hasSubscribers() {
+		// Nobody to deliver to: skip reading other writers' rows. A
+		// subscriber that arrives later reads the head after subscribing,
+		// so rows up to here reach it by replay.
+		if n := len(rows); n > 0 {
+			h.live.pos = max(h.live.pos, rows[n-1].Sequence)
+		}
+		return
+	}
 	for h.live.pos < after {
 		if _, err := h.catchUp(after, catchUpPage); err != nil {
 			// The rows in between cannot be read, so they cannot be

@@ -117,6 +117,8 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, ra
 		return
 	}
 	defer h.removeStream(s)
+	h.clients.opened(topic)
+	defer h.clients.closed(topic)
 
 	// Subscribe before reading the head: every row committed later is
 	// queued on s, every row committed earlier is at or below the head.
@@ -144,9 +146,6 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, ra
 	if readFrom < 0 || cursor > hs.head {
 		cursor = hs.head // fresh, or treated as fresh
 	}
-
-	h.clients.opened(topic)
-	defer h.clients.closed(topic)
 
 	b := make([]byte, 0, 512)
 	if o.Retry > 0 {

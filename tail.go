@@ -99,7 +99,11 @@ func (h *EventHub) poll(ctx context.Context) (int, error) {
 	}
 	h.live.mu.Lock()
 	defer h.live.mu.Unlock()
-	if head <= h.live.pos {
+	switch {
+	case head <= h.live.pos:
+		return 0, nil
+	case !h.live.hasSubscribers():
+		h.live.pos = head // see deliver
 		return 0, nil
 	}
 	return h.catchUp(head, catchUpPage)
