@@ -109,7 +109,7 @@ func (l *live) dispatch(rows []Event) {
 			}
 		} else {
 			le = pushAll(l.byTopic[ev.Topic], ev, le)
-			le = pushAll(l.byTopic[""], ev, le)
+			pushAll(l.byTopic[""], ev, le)
 		}
 	}
 	funcs := l.funcs
