@@ -629,11 +629,11 @@ func TestSSERetryAndHeartbeats(t *testing.T) {
 func TestSSEHandshakeRaceBeforeRead(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	srv := serve(t, h)
 	mustPublish(t, h, "a", 1)
 	var once sync.Once
 	var raced Event
 	h.testHookAfterSubscribe = func() { once.Do(func() { raced = mustPublish(t, h, "a", "raced") }) }
+	srv := serve(t, h) // after setting the hook, which the handler reads
 	c := dial(t, srv.URL+"?topic=a", lastID(0))
 	c.hello()
 	next := mustPublish(t, h, "a", "after")
@@ -647,7 +647,6 @@ func TestSSEHandshakeRaceBeforeRead(t *testing.T) {
 func TestSSEHandshakeRaceBeforeLive(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	srv := serve(t, h)
 	mustPublish(t, h, "a", 1)
 	var once sync.Once
 	var raced Event
@@ -658,6 +657,7 @@ func TestSSEHandshakeRaceBeforeLive(t *testing.T) {
 			close(hooked)
 		})
 	}
+	srv := serve(t, h)
 	c := dial(t, srv.URL+"?topic=a", lastID(0))
 	c.hello()
 	select {
