@@ -266,9 +266,9 @@ type publishRes struct {
 // never waits on an SSE client. Concurrent calls are committed together in
 // one transaction (group commit); a bad event fails only its own call.
 //
-// If ctx ends after the event was handed to the writer, Publish returns
-// ctx's error although the event may be stored: retry with WithEventID to
-// make that safe.
+// A ctx that is already done stores nothing. If ctx ends while the event
+// is being committed, Publish returns ctx's error although the event may be
+// stored: retry with WithEventID to make that safe.
 func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts ...PublishOption) (Event, error) {
 	po := publishOptions{eventType: h.opts.DefaultType}
 	for _, o := range opts {
@@ -294,6 +294,9 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 	data, err := encodePayload(payload)
 	if err != nil {
 		return Event{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Event{}, fmt.Errorf("replayd: publish: %w", err)
 	}
 	req := &publishReq{
 		ev:  Event{EventID: po.eventID, Type: po.eventType, Topic: topic, Payload: data},

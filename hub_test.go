@@ -62,6 +62,8 @@ func TestPublishRejectsBadInput(t *testing.T) {
 		{"topic with newline", "a\nb", 1, nil},
 		{"topic with DEL", "a\x7fb", 1, nil},
 		{"topic with C1 control", "a\u0085b", 1, nil},
+		{"topic with leading space", " a", 1, nil},
+		{"topic with trailing tab", "a\t", 1, nil},
 		{"empty type", "t", 1, []PublishOption{WithType("")}},
 		{"type too long", "t", 1, []PublishOption{WithType(long)}},
 		{"type with CR", "t", 1, []PublishOption{WithType("a\rb")}},
@@ -83,6 +85,13 @@ func TestPublishRejectsBadInput(t *testing.T) {
 				t.Fatalf("err = %v, want ErrInvalid", err)
 			}
 		})
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 50 {
+		if _, err := h.Publish(cancelled, "t", 1); !errors.Is(err, context.Canceled) {
+			t.Fatalf("publish with a done ctx: %v", err)
+		}
 	}
 	head, err := h.LatestSequence(context.Background())
 	if err != nil || head != 0 {

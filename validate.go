@@ -25,9 +25,13 @@ func invalidf(format string, args ...any) error {
 }
 
 // validateTopic accepts "" (broadcast, or the global scope) and any valid
-// UTF-8 string of at most 256 bytes without control characters.
+// UTF-8 string of at most 256 bytes without control characters. Leading or
+// trailing white space is refused too: the SSE handler trims the topic
+// parameter, so such a topic could never be subscribed to.
 func validateTopic(topic string) error {
 	switch {
+	case strings.TrimSpace(topic) != topic:
+		return invalidf("topic %q has leading or trailing white space", topic)
 	case len(topic) > maxNameLen:
 		return invalidf("topic longer than %d bytes", maxNameLen)
 	case !utf8.ValidString(topic):
