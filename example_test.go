@@ -1,0 +1,235 @@
+package replayd_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/replayd/replayd"
+)
+
+// openExampleDB opens a database file in a fresh temporary directory and
+// returns a cleanup that closes it and removes the directory.
+func openExampleDB() (*sql.DB, func()) {
+	dir, err := os.MkdirTemp("", "replayd-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := replayd.OpenDB(filepath.Join(dir, "events.db"))
+	if err != nil {
+		os.RemoveAll(dir)
+		log.Fatal(err)
+	}
+	return db, func() {
+		db.Close()
+		os.RemoveAll(dir)
+	}
+}
+
+// Publish events and read them back from the log, as a reconnecting client
+// would: everything visible to its topic after its cursor.
+func Example() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+
+	hub, err := replayd.New(db, replayd.Options{}) // creates the schema
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer hub.Close()
+
+	ctx := context.Background()
+	publish := func(topic string, payload any, opts ...replayd.PublishOption) {
+		if _, err := hub.Publish(ctx, topic, payload, opts...); err != nil {
+			log.Fatal(err)
+		}
+	}
+	publish("room-1", map[string]string{"text": "hi"})
+	publish("room-2", map[string]string{"text": "elsewhere"})
+	publish("", map[string]string{"text": "to everyone"}, replayd.WithType("notice")) // a broadcast
+	publish("room-1", map[string]string{"text": "bye"})
+
+	// A client on room-1 whose last id was 1 missed these:
+	events, err := hub.Replay(ctx, "room-1", 1, 100)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, ev := range events {
+		fmt.Printf("id %d  %-7s %q %s\n", ev.Sequence, ev.Type, ev.Topic, ev.Payload)
+	}
+	head, _ := hub.LatestSequence(ctx)
+	fmt.Println("head:", head)
+	// Output:
+	// id 3  notice  "" {"text":"to everyone"}
+	// id 4  message "room-1" {"text":"bye"}
+	// head: 4
+}
+
+// A subscriber sees every event this hub delivers live, of every topic, in
+// sequence order. For the hub's own publishes the callback has run by the
+// time Publish returns.
+func ExampleEventHub_Subscribe() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	hub, err := replayd.New(db, replayd.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer hub.Close()
+
+	unsubscribe := hub.Subscribe(func(ev replayd.Event) {
+		// Runs on the delivering goroutine: keep it short, never Publish here.
+		fmt.Printf("got id %d on %q: %s\n", ev.Sequence, ev.Topic, ev.Payload)
+	})
+
+	ctx := context.Background()
+	for _, topic := range []string{"orders", ""} {
+		if _, err := hub.Publish(ctx, topic, map[string]string{"topic": topic}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	unsubscribe()
+	if _, err := hub.Publish(ctx, "orders", "not seen"); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// got id 1 on "orders": {"topic":"orders"}
+	// got id 2 on "": {"topic":""}
+}
+
+// Mount the SSE endpoint on your own mux. A client that reconnects with
+// Last-Event-ID gets a hello frame carrying its cursor, then what it missed.
+func ExampleEventHub_Handler() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	hub, err := replayd.New(db, replayd.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("/events", hub.Handler())
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	defer hub.Close() // runs first: ends open streams so srv.Close does not wait
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for n := 1; n <= 2; n++ {
+		if _, err := hub.Publish(ctx, "room-1", map[string]int{"n": n}); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/events?topic=room-1", nil)
+	req.Header.Set("Last-Event-ID", "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	fmt.Println(resp.Header.Get("Content-Type"))
+
+	// Print the first two frames as they are on the wire.
+	r := bufio.NewReader(resp.Body)
+	for frames := 0; frames < 2; {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Print(line)
+		if strings.TrimSpace(line) == "" {
+			frames++
+		}
+	}
+	// Output:
+	// text/event-stream; charset=utf-8
+	// id: 1
+	// event: hello
+	// data: {"topic":"room-1","cursor":1,"head":2}
+	//
+	// id: 2
+	// event: message
+	// data: {"n":2}
+}
+
+// Retention deletes the oldest events; the head never goes backwards, and a
+// client that resumes below what was deleted gets a "pruned" gap.
+func ExampleEventHub_Prune() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	hub, err := replayd.New(db, replayd.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer hub.Close()
+
+	ctx := context.Background()
+	for i := 1; i <= 10; i++ {
+		if _, err := hub.Publish(ctx, "metrics", map[string]int{"i": i}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	deleted, err := hub.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 3})
+	if err != nil {
+		log.Fatal(err)
+	}
+	head, _ := hub.LatestSequence(ctx)
+	kept, _ := hub.Replay(ctx, "metrics", 0, 100)
+	fmt.Println("deleted:", deleted)
+	fmt.Println("head:", head)
+	for _, ev := range kept {
+		fmt.Println("kept:", ev.Sequence, string(ev.Payload))
+	}
+
+	// In a server, prune on a schedule instead:
+	//
+	//	stop := hub.StartRetention(replayd.RetentionPolicy{MaxAge: 24 * time.Hour}, time.Hour)
+	//	defer stop()
+
+	// Output:
+	// deleted: 7
+	// head: 10
+	// kept: 8 {"i":8}
+	// kept: 9 {"i":9}
+	// kept: 10 {"i":10}
+}
+
+// An event id makes a publish safe to retry: a known id stores and delivers
+// nothing and returns the original event.
+func ExampleWithEventID() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	hub, err := replayd.New(db, replayd.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer hub.Close()
+
+	ctx := context.Background()
+	var seqs []int64
+	for range 2 { // a retry after a timeout, say
+		ev, err := hub.Publish(ctx, "orders", map[string]int{"total": 40}, replayd.WithEventID("order-1001-paid"))
+		if err != nil {
+			log.Fatal(err)
+		}
+		seqs = append(seqs, ev.Sequence)
+	}
+	stored, err := hub.Replay(ctx, "orders", 0, 100)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("sequences:", seqs)
+	fmt.Println("stored events:", len(stored))
+	// Output:
+	// sequences: [1 1]
+	// stored events: 1
+}
