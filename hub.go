@@ -412,8 +412,8 @@ func (h *EventHub) Stats(ctx context.Context) (Stats, error) {
 
 // Stats is a snapshot of a hub.
 type Stats struct {
-	LatestSequence int64
-	Topics         []TopicStats // sorted by topic; "" is global connections
+	LatestSequence int64        `json:"latestSequence"`
+	Topics         []TopicStats `json:"topics"` // sorted by topic; "" is global connections
 }
 
 // Handler returns the SSE endpoint. Mount it wherever you like:

@@ -16,9 +16,9 @@ type TopicClientTracker struct {
 
 // TopicStats describes one topic's SSE connections.
 type TopicStats struct {
-	Topic         string    // "" for global connections
-	ActiveClients int       // connections open now
-	LastActiveAt  time.Time // when a connection last opened or closed
+	Topic         string    `json:"topic"`         // "" for global connections
+	ActiveClients int       `json:"activeClients"` // connections open now
+	LastActiveAt  time.Time `json:"lastActiveAt"`  // when a connection last opened or closed
 }
 
 func newTopicClientTracker() *TopicClientTracker {
