@@ -1,0 +1,446 @@
+package replayd
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"modernc.org/sqlite"
+)
+
+// Benchmarks. They only run with -bench; nothing here runs, or builds a
+// fixture, under plain `go test`. BENCHMARKS.md has the commands and the
+// figures. Every benchmark reports the figure that matters with
+// b.ReportMetric, and the raw SQLite baselines live here too, so that ratios
+// come from one run on the same machine:
+//
+//	go test -run '^$' -bench . -benchtime 2s -count 5 .
+
+// benchPayload is a ~200-byte JSON payload, the size the targets assume.
+var benchPayload = []byte(`{"kind":"order.updated","order":{"id":"ord_5f2a9c1e","status":"shipped","carrier":"ups","items":3,"total_cents":129900},"note":"` + strings.Repeat("x", 64) + `"}`)
+
+// benchReportRate reports n events over the benchmark's elapsed time.
+func benchReportRate(b *testing.B, n int, unit string) {
+	if s := b.Elapsed().Seconds(); s > 0 {
+		b.ReportMetric(float64(n)/s, unit)
+	}
+}
+
+// benchHub is a hub on a fresh database file in b's temp dir.
+func benchHub(b *testing.B) *EventHub {
+	b.Helper()
+	db, _ := openTestDB(b)
+	return newTestHub(b, db, Options{})
+}
+
+// BenchmarkPublish measures Publish end to end: validation, encoding, the
+// group-commit writer, a durable commit (WAL, synchronous=NORMAL) and live
+// dispatch to no subscribers.
+func BenchmarkPublish(b *testing.B) {
+	b.Run("serial", func(b *testing.B) {
+		h := benchHub(b)
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if _, err := h.Publish(ctx, "bench", benchPayload); err != nil {
+				b.Fatal(err)
+			}
+		}
+		benchReportRate(b, b.N, "events/s")
+	})
+	b.Run("parallel", func(b *testing.B) {
+		h := benchHub(b)
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := h.Publish(ctx, "bench", benchPayload); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		benchReportRate(b, b.N, "events/s")
+	})
+	for _, g := range []int{8, 64} {
+		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) {
+			h := benchHub(b)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			benchGoroutines(b, g, func() error {
+				_, err := h.Publish(ctx, "bench", benchPayload)
+				return err
+			})
+			benchReportRate(b, b.N, "events/s")
+		})
+	}
+}
+
+// benchGoroutines runs op b.N times in total on g goroutines.
+func benchGoroutines(b *testing.B, g int, op func() error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				if err := op(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// BenchmarkRawInsert is the baseline for BenchmarkPublish: a bare loop of
+// INSERTs on one connection with the same pragmas (OpenDB), schema and
+// UUIDv7 event ids, and no hub. rows=1 commits one row per transaction,
+// rows=64 commits 64 rows per transaction.
+func BenchmarkRawInsert(b *testing.B) {
+	for _, rows := range []int{1, 64} {
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+			db, _ := openTestDB(b)
+			ctx := context.Background()
+			if err := (&EventLog{db: db}).ensureSchema(ctx); err != nil {
+				b.Fatal(err)
+			}
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			ins, err := conn.PrepareContext(ctx, `INSERT INTO events (event_id, type, topic, payload, created_at) VALUES (?, ?, ?, ?, ?)`)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ins.Close()
+			payload := string(benchPayload)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+					b.Fatal(err)
+				}
+				now := time.Now().UnixMilli()
+				for j := 0; j < rows && done < b.N; j, done = j+1, done+1 {
+					id, err := uuid.NewV7()
+					if err != nil {
+						b.Fatal(err)
+					}
+					if _, err := ins.ExecContext(ctx, id.String(), "message", "bench", payload, now); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			benchReportRate(b, b.N, "events/s")
+		})
+	}
+}
+
+// The replay fixture: a million-row log over 100 topics, built once per
+// process, straight in SQL.
+const (
+	benchFixtureRows   = 1_000_000
+	benchFixtureTopics = 100
+)
+
+var benchFixture struct {
+	once sync.Once
+	conn *benchPinnedConn
+	err  error
+	took time.Duration
+}
+
+// benchFixtureDB returns a pool over the shared million-row log, closed at
+// the end of b. Rows are spread round-robin over topics topic-00…topic-99,
+// with a broadcast (NULL topic) every 101st row, ~200-byte payloads and
+// time-ordered event ids.
+//
+// The log is built once per process on one SQLite connection opened with
+// OpenDB's pragmas (WAL, synchronous=NORMAL, busy timeout), whose files are
+// unlinked as soon as they are built: the kernel reclaims them when the
+// process exits, whatever happens. That connection stays open for the
+// process; each benchmark gets a *sql.DB pinned to it, so closing the pool
+// stops database/sql's goroutine without closing the connection.
+func benchFixtureDB(b *testing.B) *sql.DB {
+	b.Helper()
+	benchFixture.once.Do(func() {
+		start := time.Now()
+		benchFixture.conn, benchFixture.err = benchBuildFixture()
+		benchFixture.took = time.Since(start)
+	})
+	if benchFixture.err != nil {
+		b.Fatal(benchFixture.err)
+	}
+	b.Logf("fixture: %d rows, built in %v", benchFixtureRows, benchFixture.took.Round(time.Millisecond))
+	db := benchFixture.conn.pool()
+	b.Cleanup(func() { db.Close() })
+	return db
+}
+
+func benchBuildFixture() (*benchPinnedConn, error) {
+	dir, err := os.MkdirTemp("", "replayd-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	// The DSN OpenDB builds for a file.
+	dsn := filepath.Join(dir, "events.db") + fmt.Sprintf("?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)", busyTimeoutMillis)
+	raw, err := (&sqlite.Driver{}).Open(dsn)
+	if err != nil {
+		return nil, err
+	}
+	conn := &benchPinnedConn{raw: raw}
+	db := conn.pool()
+	defer db.Close()
+	ctx := context.Background()
+	l := &EventLog{db: db}
+	if err := l.ensureSchema(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	// A big page cache while building keeps the index inserts in memory;
+	// the benchmarks then run with SQLite's default cache, as OpenDB's do.
+	if _, err := db.ExecContext(ctx, "PRAGMA cache_size = -262144"); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	pad := strings.Repeat("x", len(benchPayload)-len(`{"n":1000000,"pad":""}`))
+	err = l.writeTx(ctx, func(conn *sql.Conn) error {
+		_, err := conn.ExecContext(ctx, `
+			WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < ?1)
+			INSERT INTO events (event_id, type, topic, payload, created_at)
+			SELECT printf('%016x-0000-7000-8000-bench', x), 'message',
+				CASE WHEN x % 101 = 0 THEN NULL ELSE printf('topic-%02d', x % ?2) END,
+				printf('{"n":%d,"pad":"%s"}', x, ?3),
+				1700000000000 + x
+			FROM n`, benchFixtureRows, benchFixtureTopics, pad)
+		return err
+	})
+	if err == nil {
+		_, err = db.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
+	}
+	if err == nil {
+		_, err = db.ExecContext(ctx, "PRAGMA cache_size = -2000")
+	}
+	if err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("build fixture: %w", err)
+	}
+	return conn, nil
+}
+
+// benchPinnedConn is one SQLite connection that outlives the *sql.DB pools
+// built on it: Close is a no-op, every other method is forwarded, so
+// database/sql takes the same fast paths as on a pooled connection.
+type benchPinnedConn struct{ raw driver.Conn }
+
+// pool returns a *sql.DB whose only connection is c.
+func (c *benchPinnedConn) pool() *sql.DB {
+	db := sql.OpenDB(c)
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	return db
+}
+
+func (c *benchPinnedConn) Connect(context.Context) (driver.Conn, error) { return c, nil }
+func (c *benchPinnedConn) Driver() driver.Driver                        { return &sqlite.Driver{} }
+func (c *benchPinnedConn) Prepare(query string) (driver.Stmt, error)    { return c.raw.Prepare(query) }
+func (c *benchPinnedConn) Close() error                                 { return nil }
+
+//lint:ignore SA1019 required by driver.Conn; database/sql calls BeginTx
+func (c *benchPinnedConn) Begin() (driver.Tx, error) { return c.raw.Begin() }
+func (c *benchPinnedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	return c.raw.(driver.ConnBeginTx).BeginTx(ctx, opts)
+}
+func (c *benchPinnedConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	return c.raw.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+}
+func (c *benchPinnedConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	return c.raw.(driver.ExecerContext).ExecContext(ctx, query, args)
+}
+func (c *benchPinnedConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return c.raw.(driver.QueryerContext).QueryContext(ctx, query, args)
+}
+func (c *benchPinnedConn) ResetSession(ctx context.Context) error {
+	return c.raw.(driver.SessionResetter).ResetSession(ctx)
+}
+func (c *benchPinnedConn) IsValid() bool { return c.raw.(driver.Validator).IsValid() }
+
+// BenchmarkReplay reads a 100-event window at a random cursor in the
+// million-row log: EventLog.Replay (the oldest events after the cursor) in a
+// topic's scope and in the global scope, and the SSE handshake read of a
+// reconnecting client (head, newest window, skipped span and watermark in
+// one read transaction). Only the reads are timed.
+func BenchmarkReplay(b *testing.B) {
+	db := benchFixtureDB(b)
+	l := &EventLog{db: db}
+	ctx := context.Background()
+	const window = 100
+	// Cursors stay far enough below the head that every window is full.
+	maxCursor := int64(benchFixtureRows - 60*window)
+	rng := rand.New(rand.NewPCG(1, 2))
+	topic := func() string { return fmt.Sprintf("topic-%02d", rng.IntN(benchFixtureTopics)) }
+	for _, scope := range []string{"topic", "global"} {
+		b.Run(scope, func(b *testing.B) {
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				t := ""
+				if scope == "topic" {
+					t = topic()
+				}
+				evs, err := l.Replay(ctx, t, rng.Int64N(maxCursor), window)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(evs) != window {
+					b.Fatalf("replayed %d events, want %d", len(evs), window)
+				}
+			}
+			benchReportRate(b, b.N*window, "events/s")
+		})
+	}
+	b.Run("handshake/topic", func(b *testing.B) {
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			hs, err := l.readHandshake(ctx, topic(), rng.Int64N(maxCursor), window)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(hs.replay) != window {
+				b.Fatalf("replayed %d events, want %d", len(hs.replay), window)
+			}
+		}
+		benchReportRate(b, b.N, "handshakes/s")
+	})
+}
+
+// BenchmarkEncodeFrame encodes one event's SSE frame: done once per event,
+// whatever the number of subscribers.
+func BenchmarkEncodeFrame(b *testing.B) {
+	for _, c := range []struct {
+		name    string
+		payload []byte
+	}{
+		{"compact", benchPayload},
+		{"multiline", []byte(strings.ReplaceAll(string(benchPayload), ",", ",\n  "))},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			ev := Event{Sequence: 123456789, Type: "message", Topic: "bench", Payload: c.payload}
+			buf := appendEventFrame(nil, ev)
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				buf = appendEventFrame(buf[:0], ev)
+			}
+			benchReportRate(b, b.N, "frames/s")
+		})
+	}
+}
+
+// BenchmarkDispatch hands one event to 1,000 live subscribers: SSE streams
+// of the event's topic, streams spread over 100 topics receiving a
+// broadcast, or Subscribe callbacks. It times the writer goroutine's part
+// (frame encoding once, one queue push per stream); the streams' queues are
+// drained off the clock.
+func BenchmarkDispatch(b *testing.B) {
+	const subscribers = 1000
+	cases := []struct {
+		name   string
+		topics int    // streams are spread over this many topics; 0: callbacks
+		topic  string // the event's topic
+	}{
+		{"streams/one-topic", 1, "topic-00"},
+		{"streams/broadcast-100-topics", 100, ""},
+		{"funcs", 0, "topic-00"},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			var l live
+			l.init()
+			var streams []*stream
+			var calls atomic.Int64
+			for i := range subscribers {
+				if c.topics == 0 {
+					defer l.subscribeFunc(func(Event) { calls.Add(1) })()
+					continue
+				}
+				s := &stream{topic: fmt.Sprintf("topic-%02d", i%c.topics), max: -1, wake: make(chan struct{}, 1)}
+				l.addStream(s)
+				streams = append(streams, s)
+			}
+			drain := func() {
+				for _, s := range streams {
+					if q, _ := s.take(); len(q) > 0 {
+						s.release(q)
+					}
+					select {
+					case <-s.wake:
+					default:
+					}
+				}
+			}
+			ev := Event{Type: "message", Topic: c.topic, Payload: benchPayload}
+			rows := []Event{ev}
+			b.ReportAllocs()
+			b.ResetTimer()
+			l.mu.Lock()
+			for i := 0; i < b.N; i++ {
+				rows[0].Sequence = int64(i + 1)
+				l.dispatch(rows)
+				if i%256 == 255 {
+					b.StopTimer()
+					drain()
+					b.StartTimer()
+				}
+			}
+			l.mu.Unlock()
+			b.StopTimer()
+			drain()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/subscribers, "ns/delivery")
+			benchReportRate(b, b.N*subscribers, "deliveries/s")
+		})
+	}
+}
+
+// BenchmarkTailIdlePoll is one tail poll when nothing was committed: it
+// must read only the head, never run the replay query.
+func BenchmarkTailIdlePoll(b *testing.B) {
+	h := benchHub(b)
+	ctx := context.Background()
+	for range 1000 {
+		if _, err := h.Publish(ctx, "bench", benchPayload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		n, err := h.poll(ctx)
+		if err != nil || n != 0 {
+			b.Fatalf("idle poll read %d rows, err %v", n, err)
+		}
+	}
+}

@@ -1,0 +1,198 @@
+// Command replayd-bench is replayd's load harness. It runs the SSE server
+// in one OS process and the SSE clients in another, all on 127.0.0.1, and
+// prints a table of throughput, fan-out, latency, memory, reconnect and
+// tail figures. In the same invocation it measures a raw ceiling — a minimal
+// net/http fan-out with a per-client coalescing writer and no log — and raw
+// SQLite insert loops, so every figure comes with a ratio measured on the
+// same machine at the same time.
+//
+// Usage:
+//
+//	go run ./cmd/replayd-bench           # full sizes, about two minutes
+//	go run ./cmd/replayd-bench -quick    # small sizes, well under a minute
+//
+// The orchestrator (this process) hosts the clients; it spawns its own
+// executable in the server role (one fresh server process, and database,
+// per measurement), drives it over HTTP control endpoints, and stops it by
+// closing its stdin. Every phase has a hard deadline, and a server child
+// exits on its own if the orchestrator disappears or its deadline passes.
+// BENCHMARKS.md explains each figure.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+)
+
+func main() {
+	if code, ran := runChild(); ran {
+		os.Exit(code)
+	}
+	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "replayd-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the size of every phase.
+type config struct {
+	PublishDur    time.Duration // per publish-throughput measurement
+	Publishers    []int         // concurrent publishers
+	FanoutClients []int         // clients per fan-out measurement
+	FanoutFrames  int           // frames to deliver per fan-out measurement
+	LatClients    int           // clients in the latency phases
+	LatRates      []int         // events/s
+	LatDur        time.Duration // per latency measurement
+	IdleClients   int           // idle connections for memory
+	IdleSettle    time.Duration // wait before reading RSS
+	StormClients  int           // clients in the reconnect storm
+	StormBehind   int           // events each storm client missed
+	TailClients   int           // clients in the tail latency phase
+	TailRate      int           // events/s published by the other process
+	TailDur       time.Duration // tail latency measurement
+	TailInterval  time.Duration // StartTail interval
+	IdleCPUDur    time.Duration // idle CPU window
+	PhaseDeadline time.Duration // hard deadline of each measurement
+}
+
+var sizes = map[string]config{
+	"full": {
+		PublishDur: 3 * time.Second, Publishers: []int{1, 8, 64},
+		FanoutClients: []int{100, 1000, 5000}, FanoutFrames: 3_000_000,
+		LatClients: 1000, LatRates: []int{100, 1000}, LatDur: 5 * time.Second,
+		IdleClients: 2000, IdleSettle: time.Second,
+		StormClients: 1000, StormBehind: 100,
+		TailClients: 10, TailRate: 50, TailDur: 4 * time.Second, TailInterval: 10 * time.Millisecond,
+		IdleCPUDur:    5 * time.Second,
+		PhaseDeadline: 60 * time.Second,
+	},
+	"quick": {
+		PublishDur: 500 * time.Millisecond, Publishers: []int{1, 8, 64},
+		FanoutClients: []int{100, 1000}, FanoutFrames: 300_000,
+		LatClients: 200, LatRates: []int{100, 1000}, LatDur: time.Second,
+		IdleClients: 500, IdleSettle: 500 * time.Millisecond,
+		StormClients: 300, StormBehind: 100,
+		TailClients: 5, TailRate: 50, TailDur: time.Second, TailInterval: 10 * time.Millisecond,
+		IdleCPUDur:    time.Second,
+		PhaseDeadline: 30 * time.Second,
+	},
+	// tiny proves the harness works (main_test.go); its figures mean little.
+	"tiny": {
+		PublishDur: 100 * time.Millisecond, Publishers: []int{1, 8},
+		FanoutClients: []int{5}, FanoutFrames: 500,
+		LatClients: 5, LatRates: []int{100}, LatDur: 200 * time.Millisecond,
+		IdleClients: 10, IdleSettle: 20 * time.Millisecond,
+		StormClients: 10, StormBehind: 10,
+		TailClients: 2, TailRate: 50, TailDur: 200 * time.Millisecond, TailInterval: 10 * time.Millisecond,
+		IdleCPUDur:    100 * time.Millisecond,
+		PhaseDeadline: 15 * time.Second,
+	},
+}
+
+var allPhases = []string{"publish", "fanout", "latency", "idle", "storm", "tail"}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("replayd-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quick := fs.Bool("quick", false, "small sizes: everything in well under a minute")
+	size := fs.String("size", "full", "sizes: full, quick or tiny")
+	phases := fs.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated")
+	verbose := fs.Bool("v", false, "log progress to stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *quick {
+		*size = "quick"
+	}
+	cfg, ok := sizes[*size]
+	if !ok {
+		return fmt.Errorf("unknown size %q", *size)
+	}
+	raiseFileLimit()
+	dir, err := os.MkdirTemp("", "replayd-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	b := &bench{cfg: cfg, dir: dir, out: stdout}
+	if *verbose {
+		b.log = stderr
+	}
+	fmt.Fprintf(stdout, "replayd-bench -size=%s: %s\n\n", *size, machine())
+	want := map[string]bool{}
+	for _, p := range strings.Split(*phases, ",") {
+		want[strings.TrimSpace(p)] = true
+	}
+	for _, p := range allPhases {
+		if !want[p] {
+			continue
+		}
+		delete(want, p)
+		b.logf("phase %s", p)
+		if err := b.phase(ctx, p); err != nil {
+			b.add(row{Figure: p, Replayd: "error: " + err.Error()})
+			b.logf("phase %s: %v", p, err)
+		}
+	}
+	for p := range want {
+		return fmt.Errorf("unknown phase %q", p)
+	}
+	b.print()
+	if b.failed > 0 {
+		return fmt.Errorf("%d measurement(s) failed", b.failed)
+	}
+	return nil
+}
+
+func (b *bench) phase(ctx context.Context, name string) error {
+	switch name {
+	case "publish":
+		return b.publishPhase(ctx)
+	case "fanout":
+		return b.fanoutPhase(ctx)
+	case "latency":
+		return b.latencyPhase(ctx)
+	case "idle":
+		return b.idlePhase(ctx)
+	case "storm":
+		return b.stormPhase(ctx)
+	case "tail":
+		return b.tailPhase(ctx)
+	}
+	return nil
+}
+
+// machine describes the host: CPUs, model, Go and SQLite versions.
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%d CPUs (%s), GOMAXPROCS %d, %s, SQLite %s", runtime.NumCPU(), model, runtime.GOMAXPROCS(0), runtime.Version(), sqliteVersion())
+}
+
+func sqliteVersion() string {
+	db, err := sql.Open("sqlite", ":memory:")
+	if err != nil {
+		return "?"
+	}
+	defer db.Close()
+	var v string
+	if err := db.QueryRow("SELECT sqlite_version()").Scan(&v); err != nil {
+		return "?"
+	}
+	return v
+}
