@@ -94,7 +94,8 @@ const pruneBatch = 1000
 //
 // An EventLog is safe for concurrent use. Obtain one with EventHub.Log.
 type EventLog struct {
-	db *sql.DB
+	db     *sql.DB
+	writer *logWriter // appendBatch's connection; guarded by the hub's writeMu
 }
 
 // querier is what both *sql.DB and *sql.Tx offer for reads.
@@ -318,7 +319,10 @@ func (l *EventLog) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err e
 		return err
 	}
 	defer conn.Close()
-	if err := beginImmediate(ctx, conn); err != nil {
+	if err := retryBusy(ctx, func() error {
+		_, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+		return err
+	}); err != nil {
 		return err
 	}
 	if err := fn(conn); err != nil {
@@ -338,13 +342,14 @@ func (l *EventLog) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err e
 	return nil
 }
 
-// beginImmediate takes the write lock. The busy timeout of OpenDB's
-// connections already waits for another process's lock; this retries a
-// busy answer anyway, for a *sql.DB opened without one.
-func beginImmediate(ctx context.Context, conn *sql.Conn) error {
+// retryBusy runs begin, a BEGIN IMMEDIATE, until it gets the write lock.
+// The busy timeout of OpenDB's connections already waits for another
+// process's lock; this retries a busy answer anyway, for a *sql.DB opened
+// without one.
+func retryBusy(ctx context.Context, begin func() error) error {
 	deadline := time.Now().Add(busyTimeoutMillis * time.Millisecond)
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
-		_, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+		err := begin()
 		var se *sqlite.Error
 		if err == nil || !errors.As(err, &se) || se.Code()&0xff != sqliteBusy || time.Now().After(deadline) {
 			return err
@@ -363,48 +368,6 @@ const sqliteBusy = 5
 // discard makes database/sql drop conn instead of pooling it.
 func discard(conn *sql.Conn) {
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-}
-
-// appendBatch inserts evs in one transaction and fills in each one's
-// sequence and creation time. A row whose event id already exists is not
-// inserted: its entry is replaced by the stored original and dup is set.
-// Every row of the batch gets the same created_at, taken inside the write
-// and never below the newest stored row's.
-func (l *EventLog) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
-	return l.writeTx(ctx, func(conn *sql.Conn) error {
-		var last int64
-		if err := conn.QueryRowContext(ctx, qLastCreatedAt).Scan(&last); err != nil {
-			return err
-		}
-		now := max(time.Now().UnixMilli(), last)
-		ins, err := conn.PrepareContext(ctx, qInsert)
-		if err != nil {
-			return err
-		}
-		defer ins.Close()
-		for i := range evs {
-			ev := &evs[i]
-			res, err := ins.ExecContext(ctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), now)
-			if err != nil {
-				return err
-			}
-			if n, err := res.RowsAffected(); err != nil {
-				return err
-			} else if n == 0 {
-				orig, err := scanEvent(conn.QueryRowContext(ctx, qByEventID, ev.EventID))
-				if err != nil {
-					return fmt.Errorf("read original of duplicate event id: %w", err)
-				}
-				*ev, dup[i] = orig, true
-				continue
-			}
-			if ev.Sequence, err = res.LastInsertId(); err != nil {
-				return err
-			}
-			ev.CreatedAt = time.UnixMilli(now)
-		}
-		return nil
-	})
 }
 
 // prune deletes, in batches of pruneBatch, the oldest rows that policy

@@ -133,6 +133,8 @@ type store interface {
 	readHandshake(ctx context.Context, topic string, cursor int64, limit int) (handshake, error)
 	// prune applies policy; lock is held around each write transaction.
 	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
+	// close releases what appendBatch holds open; called under writeMu.
+	close()
 }
 
 func (l *EventLog) latestSequence(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
@@ -444,6 +446,9 @@ func (h *EventHub) Close() error {
 	}
 	h.mu.Unlock()
 	h.wg.Wait()
+	h.writeMu.Lock()
+	h.store.close()
+	h.writeMu.Unlock()
 	return nil
 }
 

@@ -1,0 +1,140 @@
+package replayd
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// logWriter is the connection the hub's writer goroutine appends on, with
+// its statements prepared once. SQLite has no statement cache, and preparing
+// them again for every commit cost about a third of a one-row publish. Only
+// the writer goroutine uses it, under the hub's writeMu.
+type logWriter struct {
+	conn                                                    *sql.Conn
+	begin, commit, rollback, lastCreatedAt, insert, byEvent *sql.Stmt
+}
+
+func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w := &logWriter{conn: conn}
+	for _, p := range []struct {
+		stmt  **sql.Stmt
+		query string
+	}{
+		{&w.begin, "BEGIN IMMEDIATE"},
+		{&w.commit, "COMMIT"},
+		{&w.rollback, "ROLLBACK"},
+		{&w.lastCreatedAt, qLastCreatedAt},
+		{&w.insert, qInsert},
+		{&w.byEvent, qByEventID},
+	} {
+		if *p.stmt, err = conn.PrepareContext(ctx, p.query); err != nil {
+			w.close(false)
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// close releases the statements and gives the connection back to the pool,
+// or makes the pool drop it if it may be stuck inside a transaction.
+func (w *logWriter) close(broken bool) {
+	for _, s := range []*sql.Stmt{w.begin, w.commit, w.rollback, w.lastCreatedAt, w.insert, w.byEvent} {
+		if s != nil {
+			s.Close()
+		}
+	}
+	if broken {
+		discard(w.conn)
+	}
+	w.conn.Close()
+}
+
+// appendBatch inserts evs in one transaction and fills in each one's
+// sequence and creation time. A row whose event id already exists is not
+// inserted: its entry is replaced by the stored original and dup is set.
+// Every row of the batch gets the same created_at, taken inside the write
+// and never below the newest stored row's.
+//
+// The caller holds the hub's writeMu.
+func (l *EventLog) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
+	if l.writer == nil {
+		w, err := openLogWriter(ctx, l.db)
+		if err != nil {
+			return err
+		}
+		l.writer = w
+	}
+	broken, err := l.writer.append(ctx, evs, dup)
+	// A pool of one connection (":memory:") cannot lend it to the writer
+	// for good: give it back after every batch.
+	if broken || l.db.Stats().MaxOpenConnections == 1 {
+		l.releaseWriter(broken)
+	}
+	return err
+}
+
+// close releases what the log holds open for appends. The caller holds the
+// hub's writeMu.
+func (l *EventLog) close() { l.releaseWriter(false) }
+
+func (l *EventLog) releaseWriter(broken bool) {
+	if l.writer != nil {
+		l.writer.close(broken)
+		l.writer = nil
+	}
+}
+
+// append runs one batch; broken reports a connection left in an unknown
+// state.
+func (w *logWriter) append(ctx context.Context, evs []Event, dup []bool) (broken bool, err error) {
+	if err := retryBusy(ctx, func() error {
+		_, err := w.begin.ExecContext(ctx)
+		return err
+	}); err != nil {
+		return false, err
+	}
+	if err = w.insertRows(ctx, evs, dup); err == nil {
+		// A fresh context: a cancelled one must not leave the transaction open.
+		if _, err = w.commit.ExecContext(context.Background()); err == nil {
+			return false, nil
+		}
+	}
+	_, rerr := w.rollback.ExecContext(context.Background())
+	return rerr != nil, err
+}
+
+func (w *logWriter) insertRows(ctx context.Context, evs []Event, dup []bool) error {
+	var last int64
+	if err := w.lastCreatedAt.QueryRowContext(ctx).Scan(&last); err != nil {
+		return err
+	}
+	now := max(time.Now().UnixMilli(), last)
+	for i := range evs {
+		ev := &evs[i]
+		res, err := w.insert.ExecContext(ctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), now)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			orig, err := scanEvent(w.byEvent.QueryRowContext(ctx, ev.EventID))
+			if err != nil {
+				return fmt.Errorf("read original of duplicate event id: %w", err)
+			}
+			*ev, dup[i] = orig, true
+			continue
+		}
+		if ev.Sequence, err = res.LastInsertId(); err != nil {
+			return err
+		}
+		ev.CreatedAt = time.UnixMilli(now)
+	}
+	return nil
+}
