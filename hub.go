@@ -328,6 +328,9 @@ const maxBatch = 1024
 func (h *EventHub) writeLoop() {
 	defer h.wg.Done()
 	batch := make([]*publishReq, 0, maxBatch)
+	linger := time.NewTimer(lingerMax)
+	linger.Stop()
+	last := 0 // the previous batch's size
 	for {
 		select {
 		case r := <-h.pubs:
@@ -335,18 +338,44 @@ func (h *EventHub) writeLoop() {
 		case <-h.done:
 			return
 		}
-	drain:
+		// The callers of the previous batch are likely to publish again:
+		// wait a moment for as many, so a busy log commits in big batches
+		// while a lone publisher never waits.
+		want := min(max(last, 1), maxBatch)
+		lingering := false
+	gather:
 		for len(batch) < maxBatch {
 			select {
 			case r := <-h.pubs:
 				batch = append(batch, r)
+				continue
 			default:
-				break drain
+			}
+			if len(batch) >= want {
+				break
+			}
+			if !lingering {
+				lingering = true
+				linger.Reset(lingerMax)
+			}
+			select {
+			case r := <-h.pubs:
+				batch = append(batch, r)
+			case <-linger.C:
+				lingering = false
+				break gather
 			}
 		}
+		if lingering {
+			linger.Stop() // no stale tick can follow (Go 1.23 timers)
+		}
+		last = len(batch)
 		h.commit(batch)
 	}
 }
+
+// lingerMax bounds how long the writer waits to fill a batch.
+const lingerMax = 200 * time.Microsecond
 
 func (h *EventHub) commit(batch []*publishReq) {
 	evs := make([]Event, len(batch))
