@@ -191,12 +191,16 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 			h.resync()
 		}
 	}
+	// A page that reaches through has read every row up to it, even when
+	// through itself has no row (a sequence spent by a duplicate event id,
+	// or pruned): the position may move there.
 	n := len(rows)
+	reached := n > 0 && rows[n-1].Sequence >= through
 	for len(rows) > 0 && rows[len(rows)-1].Sequence > through {
 		rows = rows[:len(rows)-1]
 	}
 	h.live.dispatch(rows)
-	if n < limit && h.live.pos < through {
+	if (n < limit || reached) && h.live.pos < through {
 		h.live.pos = through // nothing else is committed up to through
 	}
 	return n, nil

@@ -1,0 +1,383 @@
+package replayd
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Crash durability: a child OS process publishes in a loop and prints the
+// sequence of every publish that returned; the parent kills it with SIGKILL
+// at a random moment and reopens the file. Every acknowledged event must be
+// there, intact; no row may be torn; the sequence must continue upward.
+
+const (
+	crashChildEnv = "REPLAYD_CRASH_CHILD" // the database path: run as the child
+	crashRoundEnv = "REPLAYD_CRASH_ROUND"
+	crashRounds   = 5
+)
+
+// TestCrashDurability runs five rounds of publish, SIGKILL, reopen, check.
+func TestCrashDurability(t *testing.T) {
+	if path := os.Getenv(crashChildEnv); path != "" {
+		crashChild(path, os.Getenv(crashRoundEnv))
+		os.Exit(0)
+	}
+	rng := rand.New(rand.NewPCG(chaosSeed(t), 0)) // the kill moments
+
+	path := filepath.Join(t.TempDir(), "crash.db")
+
+	var totalAcked, totalUnacked int
+	for round := 1; round <= crashRounds; round++ {
+		child := crashStart(t, "TestCrashDurability", crashChildEnv+"="+path, crashRoundEnv+"="+strconv.Itoa(round))
+
+		// Wait for the first acknowledgement, then kill at a random moment
+		// while the child is committing as fast as it can.
+		acked := map[int64]string{}
+		first, ok := child.nextAck(60 * time.Second)
+		if !ok {
+			child.kill()
+			t.Fatalf("round %d: child acknowledged nothing: %s", round, child.stderr())
+		}
+		acked[first.seq] = first.eventID
+		delay := time.Duration(20+rng.IntN(600)) * time.Millisecond
+		deadline := time.NewTimer(delay)
+	reading:
+		for {
+			select {
+			case a, ok := <-child.acks:
+				if !ok {
+					break reading
+				}
+				acked[a.seq] = a.eventID
+			case <-deadline.C:
+				break reading
+			}
+		}
+		child.kill()
+		// Acknowledgements the child printed before it died are still in
+		// the pipe.
+		for a := range child.acks {
+			acked[a.seq] = a.eventID
+		}
+		state := child.wait()
+		if state.Exited() {
+			t.Fatalf("round %d: the child exited by itself (%v) instead of being killed: %s", round, state, child.stderr())
+		}
+
+		unacked := crashVerify(t, path, round, acked)
+		t.Logf("round %d: killed after %v; %d acknowledged events present and intact, %d more committed but unacknowledged",
+			round, delay, len(acked), unacked)
+		totalAcked += len(acked)
+		totalUnacked += unacked
+	}
+	t.Logf("%d rounds: %d acknowledged events verified, %d committed-but-unacknowledged rows intact", crashRounds, totalAcked, totalUnacked)
+}
+
+// crashVerify reopens the file after a crash and checks it: integrity,
+// every acknowledged event present and intact, every row well formed,
+// sequences contiguous up to the head, and a new publish continuing
+// upward. It returns how many rows were committed without an
+// acknowledgement (the child died between commit and print).
+func crashVerify(t *testing.T, path string, round int, acked map[int64]string) (unacked int) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := OpenDB(path)
+	if err != nil {
+		t.Fatalf("round %d: reopen: %v", round, err)
+	}
+	defer db.Close()
+
+	var integrity string
+	if err := db.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&integrity); err != nil || integrity != "ok" {
+		t.Fatalf("round %d: integrity_check = %q, %v", round, integrity, err)
+	}
+
+	rows := crashReadRows(t, db)
+	bySeq := make(map[int64]Event, len(rows))
+	var prev int64
+	for _, ev := range rows {
+		if ev.Sequence != prev+1 {
+			t.Errorf("round %d: sequence %d follows %d: a committed row is missing", round, ev.Sequence, prev)
+		}
+		prev = ev.Sequence
+		bySeq[ev.Sequence] = ev
+		if err := crashCheckRow(ev); err != nil {
+			t.Errorf("round %d: torn or foreign row %d: %v", round, ev.Sequence, err)
+		}
+	}
+	for seq, id := range acked {
+		ev, ok := bySeq[seq]
+		switch {
+		case !ok:
+			t.Errorf("round %d: acknowledged event %d (%s) is missing after the crash", round, seq, id)
+		case ev.EventID != id:
+			t.Errorf("round %d: row %d holds event %s, acknowledged as %s", round, seq, ev.EventID, id)
+		}
+	}
+	prefix := fmt.Sprintf("crash-r%d-", round)
+	for _, ev := range rows {
+		if _, ok := acked[ev.Sequence]; !ok && strings.HasPrefix(ev.EventID, prefix) {
+			unacked++
+		}
+	}
+
+	h, err := New(db, Options{})
+	if err != nil {
+		t.Fatalf("round %d: new hub after crash: %v", round, err)
+	}
+	defer h.Close()
+	head, err := h.LatestSequence(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if head != prev {
+		t.Errorf("round %d: head %d, newest row %d", round, head, prev)
+	}
+	id := fmt.Sprintf("parent-r%d", round)
+	ev, err := h.Publish(ctx, crashTopic(id), crashPayload(id), WithEventID(id), WithType("crash"))
+	if err != nil {
+		t.Fatalf("round %d: publish after crash: %v", round, err)
+	}
+	if ev.Sequence != head+1 {
+		t.Errorf("round %d: the first publish after the crash got sequence %d, want %d", round, ev.Sequence, head+1)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	return unacked
+}
+
+func crashReadRows(t *testing.T, db *sql.DB) []Event {
+	t.Helper()
+	rs, err := db.QueryContext(context.Background(), `SELECT `+eventColumns+` FROM events ORDER BY sequence`)
+	evs, err := scanEvents(rs, err)
+	if err != nil {
+		t.Fatalf("read rows: %v", err)
+	}
+	return evs
+}
+
+// crashCheckRow checks that a row is exactly what its writer published.
+func crashCheckRow(ev Event) error {
+	if ev.Type != "crash" {
+		return fmt.Errorf("type %q", ev.Type)
+	}
+	if want := crashTopic(ev.EventID); ev.Topic != want {
+		return fmt.Errorf("topic %q, want %q", ev.Topic, want)
+	}
+	if want := crashPayload(ev.EventID); string(ev.Payload) != string(want) {
+		return fmt.Errorf("payload of %d bytes differs from the %d published", len(ev.Payload), len(want))
+	}
+	return nil
+}
+
+// crashPayload is the payload published under event id: a JSON object
+// whose size (up to 48 KiB) and content follow from the id, so the parent
+// can check rows it never got an acknowledgement for.
+func crashPayload(id string) json.RawMessage {
+	sum := sha256.Sum256([]byte(id))
+	n := int(binary.BigEndian.Uint16(sum[:2])) % (48 << 10)
+	pad := make([]byte, n)
+	for i := range pad {
+		pad[i] = "0123456789abcdef"[sum[i%len(sum)]&15]
+	}
+	return json.RawMessage(fmt.Sprintf(`{"id":%q,"sum":"%x","pad":"%s"}`, id, sum[:8], pad))
+}
+
+// crashTopic is the topic an event id is published on; some are broadcasts.
+func crashTopic(id string) string {
+	sum := sha256.Sum256([]byte("topic" + id))
+	if sum[0]%4 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("t%d", sum[1]%3)
+}
+
+// crashChild publishes from several goroutines until it is killed,
+// printing "ack <sequence> <event id>" for every publish that returned.
+func crashChild(path, round string) {
+	db, err := OpenDB(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	h, err := New(db, Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	out := crashLineWriter{w: os.Stdout}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// The parent kills long before this; the bound only keeps an
+			// orphan from running forever.
+			for n := 0; n < 1_000_000; n++ {
+				id := fmt.Sprintf("crash-r%s-w%d-%d", round, w, n)
+				ev, err := h.Publish(context.Background(), crashTopic(id), crashPayload(id), WithEventID(id), WithType("crash"))
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "publish:", err)
+					os.Exit(3)
+				}
+				out.printf("ack %d %s\n", ev.Sequence, ev.EventID)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// crashLineWriter writes whole lines, each with one write call.
+type crashLineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (c *crashLineWriter) printf(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := fmt.Fprintf(c.w, format, args...); err != nil {
+		os.Exit(4) // the parent is gone
+	}
+}
+
+// crashAck is one "ack <sequence> <event id>" line of a child.
+type crashAck struct {
+	seq     int64
+	eventID string
+}
+
+// crashProc is a child test process: its stdin, its acknowledgements and
+// other stdout lines, and its stderr.
+type crashProc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	acks   chan crashAck // closed at the child's stdout EOF
+	lines  chan string   // every other stdout line; closed at EOF
+	errBuf *crashSyncBuffer
+	read   chan struct{} // closed when stdout is read to the end
+	once   sync.Once
+}
+
+// crashStart re-executes the test binary running only the test named, with
+// env added: the test function sees the env and runs as the child. Its
+// stdout lines arrive on acks if they are acknowledgements, else on lines.
+func crashStart(t *testing.T, test string, env ...string) *crashProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env...)
+	p := &crashProc{t: t, cmd: cmd, acks: make(chan crashAck, 1024), lines: make(chan string, 64), errBuf: &crashSyncBuffer{}, read: make(chan struct{})}
+	cmd.Stderr = p.errBuf
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(p.read)
+		defer close(p.acks)
+		defer close(p.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			var a crashAck
+			if _, err := fmt.Sscanf(line, "ack %d %s", &a.seq, &a.eventID); err == nil {
+				p.acks <- a
+			} else {
+				p.lines <- line
+			}
+		}
+		// The read end stays open until here, so a child writing after
+		// an early failure of the parent gets EPIPE, not a hang.
+		io.Copy(io.Discard, stdout)
+	}()
+	t.Cleanup(func() {
+		p.kill()
+		p.wait()
+	})
+	return p
+}
+
+// nextAck returns the next acknowledgement, or false if stdout ends or
+// nothing comes within d.
+func (p *crashProc) nextAck(d time.Duration) (crashAck, bool) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case a, ok := <-p.acks:
+		return a, ok
+	case <-timer.C:
+		return crashAck{}, false
+	}
+}
+
+// kill sends SIGKILL (Process.Kill on Unix).
+func (p *crashProc) kill() {
+	if err := p.cmd.Process.Kill(); err != nil && !strings.Contains(err.Error(), "finished") {
+		p.t.Errorf("kill child: %v", err)
+	}
+}
+
+// wait drains stdout and reaps the child, once; it returns its state.
+func (p *crashProc) wait() *os.ProcessState {
+	p.once.Do(func() {
+		p.stdin.Close()
+		// Drain what the test has not read.
+		go func() {
+			for range p.acks {
+			}
+		}()
+		go func() {
+			for range p.lines {
+			}
+		}()
+		<-p.read
+		p.cmd.Wait()
+	})
+	return p.cmd.ProcessState
+}
+
+func (p *crashProc) stderr() string { return p.errBuf.String() }
+
+// crashSyncBuffer is a bytes buffer safe for the exec goroutine and the test.
+type crashSyncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *crashSyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.b.Len() < 64<<10 {
+		b.b.Write(p)
+	}
+	return len(p), nil
+}
+
+func (b *crashSyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
