@@ -56,7 +56,9 @@
 // live subscriber of the hub exactly once and in sequence order, whether this
 // hub published it or another process did. Concurrent Publish calls are
 // committed together in one transaction (group commit) and delivered in
-// sequence order. A row that is not the next one expected (another process
+// sequence order; the writer waits up to 200µs for as many publishes as
+// its previous batch held, so a busy log commits in large batches while a
+// lone publisher never waits. A row that is not the next one expected (another process
 // wrote in between) first pulls the missing rows from the log. Without
 // [EventHub.StartTail] a hub learns of other processes' rows only at its next
 // publish; with it, it polls the head (default every 200ms) and reads rows
