@@ -76,7 +76,7 @@ func encodePayload(payload any) (json.RawMessage, error) {
 	if len(raw) > maxPayloadLen {
 		return nil, invalidf("payload of %d bytes is over the %d-byte limit", len(raw), maxPayloadLen)
 	}
-	if !json.Valid(raw) {
+	if !validJSON(raw) {
 		return nil, invalidf("payload is not valid JSON")
 	}
 	return raw, nil
