@@ -350,7 +350,7 @@ func (s *stream) release(q []*liveEvent) {
 	clear(q)
 	s.mu.Lock()
 	s.queued -= n
-	if s.spare == nil && cap(q) <= 256 { // an idle stream keeps no burst's queue
+	if s.spare == nil && cap(q) <= 1024 { // at most 8 KiB kept after a burst
 		s.spare = q[:0]
 	}
 	s.mu.Unlock()
