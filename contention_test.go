@@ -162,14 +162,7 @@ func contentionChild(path, index string) {
 		fmt.Fprintln(os.Stderr, "child", index+":", err)
 		os.Exit(2)
 	}
-	db, err := OpenDB(path)
-	if err != nil {
-		fail(err)
-	}
-	h, err := New(db, Options{})
-	if err != nil {
-		fail(err)
-	}
+	h, db := childHub(path)
 	out := crashLineWriter{w: os.Stdout}
 	out.printf("ready\n")
 	in := bufio.NewReader(os.Stdin)
@@ -347,16 +340,7 @@ func TestContentionTailAcrossProcesses(t *testing.T) {
 // tailChild publishes tailChildCount events to topics a, b and broadcasts,
 // in bursts, printing an acknowledgement for each.
 func tailChild(path string) {
-	db, err := OpenDB(path)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	h, err := New(db, Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
+	h, db := childHub(path)
 	out := crashLineWriter{w: os.Stdout}
 	for i := range tailChildCount {
 		id := fmt.Sprintf("child-%d", i)

@@ -208,19 +208,25 @@ func crashTopic(id string) string {
 	return fmt.Sprintf("t%d", sum[1]%3)
 }
 
+// childHub opens the database at path and a hub on it for a child
+// process, or exits with status 2.
+func childHub(path string) (*EventHub, *sql.DB) {
+	db, err := OpenDB(path)
+	if err == nil {
+		var h *EventHub
+		if h, err = New(db, Options{}); err == nil {
+			return h, db
+		}
+	}
+	fmt.Fprintln(os.Stderr, "child:", err)
+	os.Exit(2)
+	return nil, nil
+}
+
 // crashChild publishes from several goroutines until it is killed,
 // printing "ack <sequence> <event id>" for every publish that returned.
 func crashChild(path, round string) {
-	db, err := OpenDB(path)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	h, err := New(db, Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
+	h, _ := childHub(path)
 	out := crashLineWriter{w: os.Stdout}
 	var wg sync.WaitGroup
 	for w := range 4 {

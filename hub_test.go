@@ -105,15 +105,7 @@ func TestPublishRejectsBadInput(t *testing.T) {
 func TestPublishIdempotentByEventID(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	var (
-		mu   sync.Mutex
-		seen []int64
-	)
-	defer h.Subscribe(func(ev Event) {
-		mu.Lock()
-		seen = append(seen, ev.Sequence)
-		mu.Unlock()
-	})()
+	seen := recordLive(t, h)
 	first := mustPublish(t, h, "a", "first", WithEventID("same"))
 	again := mustPublish(t, h, "b", "second", WithType("other"), WithEventID("same"))
 	if again.Sequence != first.Sequence || string(again.Payload) != `"first"` || again.Topic != "a" || again.Type != "message" {
@@ -124,10 +116,8 @@ func TestPublishIdempotentByEventID(t *testing.T) {
 	if got := seqs(evs); !slices.Equal(got, []int64{first.Sequence, next.Sequence}) {
 		t.Fatalf("stored %v", got)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(seen, []int64{first.Sequence, next.Sequence}) {
-		t.Fatalf("delivered %v; the duplicate must not be delivered", seen)
+	if got := seen(); !slices.Equal(got, []int64{first.Sequence, next.Sequence}) {
+		t.Fatalf("delivered %v; the duplicate must not be delivered", got)
 	}
 }
 
@@ -201,15 +191,7 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 func TestConcurrentPublishOrdering(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	var (
-		mu   sync.Mutex
-		seen []int64
-	)
-	defer h.Subscribe(func(ev Event) {
-		mu.Lock()
-		seen = append(seen, ev.Sequence)
-		mu.Unlock()
-	})()
+	seen := recordLive(t, h)
 	const writers, each = 16, 50
 	var (
 		wg        sync.WaitGroup
@@ -236,10 +218,8 @@ func TestConcurrentPublishOrdering(t *testing.T) {
 		want = append(want, s)
 	}
 	slices.Sort(want)
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(seen, want) {
-		t.Fatalf("subscriber saw %d events (sorted: %v), want %d", len(seen), slices.IsSorted(seen), len(want))
+	if got := seen(); !slices.Equal(got, want) {
+		t.Fatalf("subscriber saw %d events (sorted: %v), want %d", len(got), slices.IsSorted(got), len(want))
 	}
 }
 
@@ -529,15 +509,7 @@ func TestTailDeliversOtherWritersExactlyOnce(t *testing.T) {
 	defer db2.Close()
 	worker := newTestHub(t, db2, Options{})
 
-	var (
-		mu   sync.Mutex
-		seen []int64
-	)
-	defer server.Subscribe(func(ev Event) {
-		mu.Lock()
-		seen = append(seen, ev.Sequence)
-		mu.Unlock()
-	})()
+	seen := recordLive(t, server)
 	// Written before StartTail: still delivered, since the hub's live
 	// position predates them.
 	early := mustPublish(t, worker, "a", "early")
@@ -571,15 +543,9 @@ func TestTailDeliversOtherWritersExactlyOnce(t *testing.T) {
 	}
 	wg.Wait()
 	slices.Sort(want)
-	waitUntil(t, "tail to deliver everything", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(seen) >= len(want)
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(seen, want) {
-		t.Fatalf("delivered %d events, want %d; in order and exactly once: %v", len(seen), len(want), slices.IsSorted(seen))
+	waitUntil(t, "tail to deliver everything", func() bool { return len(seen()) >= len(want) })
+	if got := seen(); !slices.Equal(got, want) {
+		t.Fatalf("delivered %d events, want %d; in order and exactly once: %v", len(got), len(want), slices.IsSorted(got))
 	}
 	stop()
 	stop()
@@ -602,14 +568,13 @@ func TestPublishCatchesUpOtherWriters(t *testing.T) {
 	}
 	defer db2.Close()
 	other := newTestHub(t, db2, Options{})
-	var seen []int64
-	defer h.Subscribe(func(ev Event) { seen = append(seen, ev.Sequence) })()
+	seen := recordLive(t, h)
 	mustPublish(t, h, "a", 1)
 	mustPublish(t, other, "b", 2)
 	mustPublish(t, other, "", 3)
 	mustPublish(t, h, "a", 4)
-	if !slices.Equal(seen, []int64{1, 2, 3, 4}) {
-		t.Fatalf("delivered %v", seen)
+	if got := seen(); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+		t.Fatalf("delivered %v", got)
 	}
 }
 
@@ -798,4 +763,23 @@ func (c *countingStore) latestSequence(ctx context.Context) (int64, error) {
 func (c *countingStore) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
 	c.reads.Add(1)
 	return c.store.readAfter(ctx, after, limit)
+}
+
+// recordLive subscribes to h until the test ends and returns a function
+// that reports the sequences delivered so far.
+func recordLive(t testing.TB, h *EventHub) func() []int64 {
+	var (
+		mu   sync.Mutex
+		seen []int64
+	)
+	t.Cleanup(h.Subscribe(func(ev Event) {
+		mu.Lock()
+		seen = append(seen, ev.Sequence)
+		mu.Unlock()
+	}))
+	return func() []int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
 }
