@@ -109,6 +109,10 @@
 //   - The SSE topic parameter is trimmed of surrounding white space, so
 //     Publish and the reads refuse a topic with leading or trailing white
 //     space: no connection could ever subscribe to it.
+//   - A stream that cannot start (the hub is closed, or the log cannot be
+//     read) is answered 200 with only an SSE comment and ended: an
+//     EventSource treats any other status as final and would never
+//     reconnect, while an ended stream is retried with the same cursor.
 //   - [EventHub.Replay] and the EventLog reads treat limit <= 0 as 100; a
 //     negative SSEOptions.ReplayLimit replays nothing (gaps report 0).
 //   - The hello and heartbeat event types are fixed ("hello", "heartbeat");

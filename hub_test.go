@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -639,6 +641,17 @@ func TestCloseStopsEverything(t *testing.T) {
 	}
 	if _, err := c.nextErr(waitFor); err == nil || errors.Is(err, errTimeout) {
 		t.Fatalf("stream not ended by Close: %v", err)
+	}
+	// A new connection is ended at once, with a 200 so that a browser
+	// reconnects (elsewhere, or when the server is back) instead of giving up.
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream; charset=utf-8" || !strings.HasPrefix(string(body), ": ") {
+		t.Fatalf("after Close: %d %q %q", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 	}
 	if _, err := h.Publish(context.Background(), "a", 1); !errors.Is(err, ErrClosed) {
 		t.Fatalf("publish after close: %v", err)

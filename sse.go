@@ -114,7 +114,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, ra
 		wake:  make(chan struct{}, 1),
 	}
 	if !h.addStream(s) {
-		http.Error(w, "server is shutting down", http.StatusServiceUnavailable)
+		endEarly(w, "server is shutting down")
 		return
 	}
 	defer h.removeStream(s)
@@ -139,7 +139,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, ra
 	if err != nil {
 		if ctx.Err() == nil {
 			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "err", err)
-			http.Error(w, "event log unavailable", http.StatusServiceUnavailable)
+			endEarly(w, "event log unavailable")
 		}
 		return
 	}
@@ -232,6 +232,14 @@ func (h *EventHub) readHandshake(ctx context.Context, topic string, cursor int64
 	}()
 	<-done
 	return hs, err
+}
+
+// endEarly ends a stream before its hello: a 200 with only a comment, so an
+// EventSource reconnects after its retry delay with the same Last-Event-ID.
+// Any other status, 503 included, would make it give up for good.
+func endEarly(w http.ResponseWriter, reason string) {
+	w.WriteHeader(http.StatusOK)
+	w.Write([]byte(": " + reason + "\n\n"))
 }
 
 // gapFor returns the gap frame a new stream is owed, or nil (§4.4).
