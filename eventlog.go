@@ -62,6 +62,9 @@ const (
 		UNION ALL
 		SELECT sequence FROM events WHERE topic IS NULL AND sequence > ?2 AND sequence < ?3)`
 
+	qSchemaColumns = `SELECT count(*) FROM pragma_table_info('events')
+		WHERE name IN ('sequence', 'event_id', 'type', 'topic', 'payload', 'created_at')`
+
 	qHead = `SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)`
 
 	qWatermarkGlobal = `SELECT coalesce(max(sequence), 0) FROM events_prune_watermarks`
@@ -173,9 +176,21 @@ func defaultLimit(limit int) int {
 
 func (l *EventLog) ensureSchema(ctx context.Context) error {
 	return l.writeTx(ctx, func(conn *sql.Conn) error {
-		for _, stmt := range schema {
+		for i, stmt := range schema {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
 				return err
+			}
+			if i > 0 {
+				continue
+			}
+			// CREATE TABLE IF NOT EXISTS keeps a table of the same name that
+			// an application made for itself: refuse it rather than fail later.
+			var n int
+			if err := conn.QueryRowContext(ctx, qSchemaColumns).Scan(&n); err != nil {
+				return err
+			}
+			if n != 6 {
+				return errors.New("table events exists but is not replayd's (sequence, event_id, type, topic, payload, created_at)")
 			}
 		}
 		return nil

@@ -716,6 +716,14 @@ func TestEnsureSchemaIdempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Someone else's table of the same name is refused, not used.
+	other, _ := openTestDB(t)
+	if _, err := other.Exec(`CREATE TABLE events (id INTEGER PRIMARY KEY, name TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(other, Options{}); err == nil || !strings.Contains(err.Error(), "not replayd's") {
+		t.Fatalf("New on a foreign events table: %v", err)
+	}
 	if _, err := New(nil, Options{}); err == nil {
 		t.Fatal("New(nil) succeeded")
 	}
