@@ -68,7 +68,7 @@
 //
 // A publish never waits on an SSE client. Each connection has a queue of
 // unsent frames bounded by SSEOptions.MaxBufferedBytes (default 1 MiB) and
-// each write must finish within 15s; a client past either limit is
+// each write must finish within 7.5-15s; a client past either limit is
 // disconnected, which is safe because it resumes from the log.
 //
 // # Retention

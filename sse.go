@@ -11,8 +11,9 @@ import (
 	"time"
 )
 
-// writeTimeout bounds each write to a client. A client that cannot take a
-// write for this long is disconnected; it resumes from the log.
+// writeTimeout bounds each write to a client (a write gets between half of
+// it and all of it, see write). A client that cannot take a write that long
+// is disconnected; it resumes from the log.
 const writeTimeout = 15 * time.Second
 
 // sseHandler is the hub's SSE endpoint.
@@ -309,11 +310,12 @@ type stream struct {
 	max   int           // cap on queued bytes; negative: none
 	wake  chan struct{} // signalled when the queue gains frames or s dies
 
-	mu     sync.Mutex // guards the fields below
-	queue  []*liveEvent
-	spare  []*liveEvent // the drained queue, reused
-	queued int          // bytes pushed and not yet written
-	dead   bool         // over the cap or killed: the stream must end
+	mu       sync.Mutex // guards the fields below
+	queue    []*liveEvent
+	spare    []*liveEvent // the drained queue, reused
+	queued   int          // bytes pushed and not yet written
+	dead     bool         // over the cap or killed: the stream must end
+	deadline time.Time    // the write deadline set last
 }
 
 // push queues le, or kills the stream if that would pass its cap.
@@ -388,10 +390,15 @@ func (s *stream) write(w http.ResponseWriter, b []byte) bool {
 		s.mu.Unlock()
 		return false
 	}
-	// Set under mu, so a concurrent kill's deadline is never overwritten.
-	if err := s.rc.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-		s.mu.Unlock()
-		return false
+	// Moving the deadline costs a runtime timer update, so it is moved only
+	// once half of it is used up: every write gets 7.5 to 15s. It is set
+	// under mu, so a concurrent kill's deadline is never overwritten.
+	if now := time.Now(); now.After(s.deadline.Add(-writeTimeout / 2)) {
+		s.deadline = now.Add(writeTimeout)
+		if err := s.rc.SetWriteDeadline(s.deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			s.mu.Unlock()
+			return false
+		}
 	}
 	s.mu.Unlock()
 	if len(b) > 0 {
