@@ -34,7 +34,7 @@ import (
 
 var (
 	chaosSeedFlag     = flag.Uint64("chaos.seed", 0, "seed of TestChaos and TestCrashDurability (0: from the clock)")
-	chaosDurationFlag = flag.Duration("chaos.duration", 0, "how long TestChaos runs its chaos phase (0: 15s, 2s with -short)")
+	chaosDurationFlag = flag.Duration("chaos.duration", 0, "how long TestChaos runs its chaos phase (0: 20s, 2s with -short)")
 )
 
 // chaosSeed returns the seed to use and logs it, so any failure can be
@@ -100,7 +100,7 @@ func TestChaos(t *testing.T) {
 	seed := chaosSeed(t)
 	duration := *chaosDurationFlag
 	if duration <= 0 {
-		duration = 15 * time.Second
+		duration = 20 * time.Second
 		if testing.Short() {
 			duration = 2 * time.Second
 		}
