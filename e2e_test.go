@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strconv"
@@ -750,5 +751,60 @@ func TestSSESlowConsumerDisconnected(t *testing.T) {
 	conn.SetReadDeadline(time.Now().Add(waitFor))
 	if _, err := io.Copy(io.Discard, bufio.NewReader(conn)); err != nil {
 		t.Fatalf("slow connection not closed: %v", err)
+	}
+}
+
+// The stream works over HTTP/2 (TLS), where flushing and write deadlines
+// go through the HTTP/2 server's own writer.
+func TestSSEOverHTTP2(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := httptest.NewUnstartedServer(h.Handler())
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	mustPublish(t, h, "a", 1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"?topic=a", nil)
+	req.Header.Set("Last-Event-ID", "0")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 || resp.StatusCode != 200 {
+		t.Fatalf("%s %d", resp.Proto, resp.StatusCode)
+	}
+	frames := make(chan frame, 16)
+	done := make(chan error, 1)
+	go func() { done <- parseFrames(resp.Body, frames) }()
+	next := func() frame {
+		t.Helper()
+		select {
+		case f := <-frames:
+			return f
+		case <-time.After(waitFor):
+			t.Fatal("no frame over HTTP/2")
+			return frame{}
+		}
+	}
+	if f := next(); f.Event != "hello" {
+		t.Fatalf("first frame %+v", f)
+	}
+	if f := next(); f.ID != "1" {
+		t.Fatalf("replayed %+v", f)
+	}
+	ev := mustPublish(t, h, "a", 2)
+	if f := next(); f.ID != fmt.Sprint(ev.Sequence) {
+		t.Fatalf("live %+v", f)
+	}
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-done:
+	case <-time.After(waitFor):
+		t.Fatal("reader did not stop")
 	}
 }
