@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -806,5 +807,47 @@ func TestSSEOverHTTP2(t *testing.T) {
 	case <-done:
 	case <-time.After(waitFor):
 		t.Fatal("reader did not stop")
+	}
+}
+
+// Rows another process committed and retention deleted before this hub
+// could deliver them live cannot be delivered: the hub ends its streams so
+// that their clients reconnect and get a gap, instead of a silent hole.
+func TestSSEResyncWhenRowsPrunedBeforeLiveDelivery(t *testing.T) {
+	db, path := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := serve(t, h)
+	db2, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	other := newTestHub(t, db2, Options{})
+
+	c := dial(t, srv.URL, nil)
+	_, _, cursor, _ := c.hello()
+	for range 3 { // committed by "another process"; h has no tail
+		mustPublish(t, other, "", "unseen")
+	}
+	if _, err := db.Exec(`UPDATE events SET created_at = created_at - 60000`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := other.Prune(context.Background(), RetentionPolicy{MaxAge: time.Second}); err != nil || n != 3 {
+		t.Fatalf("pruned %d, %v", n, err)
+	}
+	ev := mustPublish(t, h, "", "next") // h learns of the gap now
+	if f, err := c.nextErr(waitFor); err == nil {
+		t.Fatalf("stream went on with %+v (the next event is %d): a silent hole", f, ev.Sequence)
+	} else if errors.Is(err, errTimeout) {
+		t.Fatal("stream neither ended nor delivered")
+	}
+	// Reconnecting from the last id it saw, the client is told.
+	c = dial(t, srv.URL, lastID(cursor))
+	c.hello()
+	if g := parseGap(t, c.next()); g.Reason != "pruned" || *g.MissedFrom != cursor+1 || *g.MissedThrough != cursor+3 {
+		t.Fatalf("gap %s", gapString(g))
+	}
+	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
+		t.Fatalf("after the gap: %+v", f)
 	}
 }
