@@ -147,17 +147,22 @@ func browserStart(t *testing.T) context.Context {
 	ctx, cancel := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
 	t.Cleanup(cancel)
 
-	// The first Run binds the browser to ctx, so it must not get a
-	// timeout; a watchdog bounds the start instead.
+	if err := browserFirstRun(ctx, cancel); err != nil {
+		t.Fatalf("start Chromium (%s): %v", execPath, err)
+	}
+	return ctx
+}
+
+// browserFirstRun runs nothing on ctx, which starts the browser or opens
+// the tab. The first Run binds them to ctx, so ctx must not carry a
+// timeout; a watchdog that cancels it bounds the wait instead.
+func browserFirstRun(ctx context.Context, cancel context.CancelFunc) error {
 	watchdog := time.AfterFunc(browserWait, cancel)
 	err := chromedp.Do(ctx)
 	if !watchdog.Stop() && err == nil {
 		err = errors.New("timed out")
 	}
-	if err != nil {
-		t.Fatalf("start Chromium (%s): %v", execPath, err)
-	}
-	return ctx
+	return err
 }
 
 // browserRemoveAll removes dir, retrying for a few seconds while the
@@ -183,14 +188,7 @@ func browserTab(t *testing.T, browser context.Context) context.Context {
 	t.Helper()
 	ctx, cancel := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
 	t.Cleanup(cancel)
-	// The first Run binds the tab to its context, so it gets no timeout
-	// either: a watchdog bounds it.
-	watchdog := time.AfterFunc(browserWait, cancel)
-	err := chromedp.Do(ctx)
-	if !watchdog.Stop() && err == nil {
-		err = errors.New("timed out")
-	}
-	if err != nil {
+	if err := browserFirstRun(ctx, cancel); err != nil {
 		t.Fatalf("open a tab: %v", err)
 	}
 	return ctx
