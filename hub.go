@@ -21,11 +21,34 @@ var ErrAlreadyTailing = errors.New("replayd: hub is already tailing")
 // ErrClosed is returned by calls on a hub after Close.
 var ErrClosed = errors.New("replayd: hub is closed")
 
+// ErrUnauthenticated, returned (possibly wrapped) by Options.Authorize,
+// answers the request 401 instead of 403.
+var ErrUnauthenticated = errors.New("replayd: unauthenticated")
+
 // Options configures an EventHub. The zero value is ready to use.
 type Options struct {
 	DefaultType string       // SSE event type when Publish gets none; default "message"
 	SSE         SSEOptions   // the SSE endpoint's behaviour
 	Logger      *slog.Logger // nil: discard
+
+	// Authorize, if set, decides every SSE and poll request before anything
+	// is read from the log, given the request's topics in the order first
+	// requested (empty for the global scope: every event). A nil error
+	// grants exactly that scope; an error refuses the request with 401 when
+	// errors.Is(err, ErrUnauthenticated), else 403. The error's text is
+	// logged at debug level, never sent.
+	Authorize func(r *http.Request, topics []string) error
+	// Poll configures the handler returned by EventHub.PollHandler.
+	Poll PollOptions
+}
+
+// PollOptions configures the poll transport. Zero values mean the defaults.
+type PollOptions struct {
+	// MaxWait is the longest a long poll is held; default 30s; negative:
+	// no long polling (wait is treated as 0).
+	MaxWait time.Duration
+	// MaxLimit is the most events one answer holds; default 1000.
+	MaxLimit int
 }
 
 // SSEOptions configures the handler returned by EventHub.Handler. Zero
@@ -58,6 +81,14 @@ type SSEOptions struct {
 	// the cap is disconnected and resumes from the log when it reconnects.
 	// Default 1 MiB; negative: no cap.
 	MaxBufferedBytes int
+	// MaxTopics is the most distinct topics one request may name; default 32.
+	MaxTopics int
+	// MaxConnections caps the hub's open SSE streams plus its waiting long
+	// polls; 0: no cap.
+	MaxConnections int
+	// OverloadRetry is the base of the reconnect delay told to a refused
+	// client: drawn between 1x and 2x of it; default 5s.
+	OverloadRetry time.Duration
 }
 
 // Defaults.
@@ -68,6 +99,10 @@ const (
 	defaultHeartbeatInterval = 15 * time.Second
 	defaultGapEventType      = "gap"
 	defaultMaxBufferedBytes  = 1 << 20
+	defaultMaxTopics         = 32
+	defaultOverloadRetry     = 5 * time.Second
+	defaultPollMaxWait       = 30 * time.Second
+	defaultPollMaxLimit      = 1000
 )
 
 // withDefaults returns opts with every zero value replaced by its default.
@@ -103,7 +138,26 @@ func (opts Options) withDefaults() (Options, error) {
 	if s.MaxBufferedBytes == 0 {
 		s.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
+	if s.MaxTopics <= 0 {
+		s.MaxTopics = defaultMaxTopics
+	}
+	if s.MaxConnections < 0 {
+		s.MaxConnections = 0
+	}
+	if s.OverloadRetry <= 0 {
+		s.OverloadRetry = defaultOverloadRetry
+	}
 	s.AllowedOrigins = append([]string(nil), s.AllowedOrigins...)
+	p := &opts.Poll
+	switch {
+	case p.MaxWait == 0:
+		p.MaxWait = defaultPollMaxWait
+	case p.MaxWait < 0:
+		p.MaxWait = 0
+	}
+	if p.MaxLimit <= 0 {
+		p.MaxLimit = defaultPollMaxLimit
+	}
 	return opts, nil
 }
 
@@ -153,6 +207,7 @@ type EventHub struct {
 	store   store
 	logger  *slog.Logger
 	clients *TopicClientTracker
+	metrics metrics
 
 	// writeMu serialises this process's write transactions (publish
 	// batches, prune batches, schema), so they queue here instead of in
@@ -300,6 +355,7 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 	if err := ctx.Err(); err != nil {
 		return Event{}, fmt.Errorf("replayd: publish: %w", err)
 	}
+	start := time.Now()
 	req := &publishReq{
 		ev:  Event{EventID: po.eventID, Type: po.eventType, Topic: topic, Payload: data},
 		res: make(chan publishRes, 1),
@@ -313,6 +369,9 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 	}
 	select {
 	case r := <-req.res:
+		if r.err == nil {
+			h.metrics.publishDuration(time.Since(start))
+		}
 		return r.ev, r.err
 	case <-ctx.Done():
 		return Event{}, fmt.Errorf("replayd: publish: %w", ctx.Err())
@@ -401,8 +460,11 @@ func (h *EventHub) commit(batch []*publishReq) {
 	for i, ev := range evs {
 		if !dup[i] {
 			fresh = append(fresh, ev)
+		} else {
+			h.metrics.duplicate()
 		}
 	}
+	h.metrics.publishedEvents(len(fresh))
 	if len(fresh) > 0 {
 		h.deliver(fresh[0].Sequence-1, fresh)
 	}

@@ -21,6 +21,7 @@ type RetentionPolicy struct {
 // a "pruned" gap. It returns how many rows it deleted.
 func (h *EventHub) Prune(ctx context.Context, policy RetentionPolicy) (deleted int64, err error) {
 	deleted, err = h.store.prune(ctx, policy, h.lockWrites)
+	h.metrics.pruned(deleted)
 	if err != nil {
 		return deleted, fmt.Errorf("replayd: prune: %w", err)
 	}

@@ -33,12 +33,14 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !h.allowOrigin(w, r) {
+		h.metrics.refused(refusedOrigin)
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return
 	}
 	query := r.URL.Query()
 	topic := strings.TrimSpace(query.Get(o.TopicParam))
 	if err := validateTopic(topic); err != nil {
+		h.metrics.refused(refusedBadRequest)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
@@ -109,6 +111,7 @@ func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
 func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, rawCursor string) {
 	o := &h.opts.SSE
 	s := &stream{
+		m:     &h.metrics,
 		topic: topic,
 		rc:    http.NewResponseController(w),
 		max:   o.MaxBufferedBytes,
@@ -121,6 +124,8 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, ra
 	defer h.removeStream(s)
 	h.clients.opened(topic)
 	defer h.clients.closed(topic)
+	h.metrics.connOpened(transportSSE)
+	defer h.metrics.connClosed(transportSSE)
 
 	// Subscribe before reading the head: every row committed later is
 	// queued on s, every row committed earlier is at or below the head.
@@ -145,6 +150,10 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, ra
 		return
 	}
 	g := gapFor(rawCursor, cursor, valid, hs, o.ReplayLimit)
+	if g != nil {
+		h.metrics.gap(g.Reason)
+	}
+	h.metrics.replayed(transportSSE, len(hs.replay))
 	if readFrom < 0 || cursor > hs.head {
 		cursor = hs.head // fresh, or treated as fresh
 	}
@@ -305,6 +314,7 @@ func (h *EventHub) removeStream(s *stream) {
 // it without ever waiting; the handler goroutine drains it into one write
 // and one flush.
 type stream struct {
+	m     *metrics
 	topic string
 	rc    *http.ResponseController
 	max   int           // cap on queued bytes; negative: none
@@ -326,6 +336,7 @@ func (s *stream) push(le *liveEvent) {
 		return
 	}
 	if s.max >= 0 && s.queued+len(le.frame) > s.max {
+		s.m.slowConsumerCut()
 		s.killLocked()
 		s.mu.Unlock()
 		return
@@ -336,6 +347,7 @@ func (s *stream) push(le *liveEvent) {
 	s.queue = append(s.queue, le)
 	s.queued += len(le.frame)
 	s.mu.Unlock()
+	s.m.liveFramesQueued(1)
 	select {
 	case s.wake <- struct{}{}:
 	default:

@@ -72,6 +72,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 		case <-timer.C:
 		}
 		n, err := h.poll(ctx)
+		h.metrics.tailPolled()
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
