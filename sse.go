@@ -38,8 +38,8 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	query := r.URL.Query()
-	topic := strings.TrimSpace(query.Get(o.TopicParam))
-	if err := validateTopic(topic); err != nil {
+	topics, err := parseTopics(query, o.TopicParam, o.MaxTopics)
+	if err != nil {
 		h.metrics.refused(refusedBadRequest)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -56,7 +56,7 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	h.serveStream(w, r, topic, rawCursor)
+	h.serveStream(w, r, topics, rawCursor)
 }
 
 // allowOrigin applies the origin policy of §4.2, setting the CORS response
@@ -108,8 +108,12 @@ func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
 // serveStream runs one SSE connection: subscribe, read the log, write hello,
 // gap and replay, then stream live events until the client, the hub or a
 // write gives up.
-func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, rawCursor string) {
+func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
 	o := &h.opts.SSE
+	topic := "" // TODO(scope): several topics per stream
+	if len(topics) > 0 {
+		topic = topics[0]
+	}
 	s := &stream{
 		m:     &h.metrics,
 		topic: topic,
@@ -122,8 +126,8 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topic, ra
 		return
 	}
 	defer h.removeStream(s)
-	h.clients.opened(topic)
-	defer h.clients.closed(topic)
+	h.clients.opened(topics)
+	defer h.clients.closed(topics)
 	h.metrics.connOpened(transportSSE)
 	defer h.metrics.connClosed(transportSSE)
 

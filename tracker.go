@@ -8,10 +8,12 @@ import (
 
 // TopicClientTracker counts a hub's active SSE connections per topic, with
 // global connections under "", and remembers when each topic last had a
-// connection open or close. It is safe for concurrent use.
+// connection open or close. A connection on several topics counts under
+// each of them, and once in Total. It is safe for concurrent use.
 type TopicClientTracker struct {
 	mu     sync.Mutex
 	topics map[string]*TopicStats // every topic seen since the hub was created
+	total  int                    // open connections, each counted once
 }
 
 // TopicStats describes one topic's SSE connections.
@@ -25,19 +27,27 @@ func newTopicClientTracker() *TopicClientTracker {
 	return &TopicClientTracker{topics: make(map[string]*TopicStats)}
 }
 
-func (t *TopicClientTracker) opened(topic string) { t.add(topic, 1) }
-func (t *TopicClientTracker) closed(topic string) { t.add(topic, -1) }
+// opened and closed count a connection on topics (none: global).
+func (t *TopicClientTracker) opened(topics []string) { t.add(topics, 1) }
+func (t *TopicClientTracker) closed(topics []string) { t.add(topics, -1) }
 
-func (t *TopicClientTracker) add(topic string, n int) {
+func (t *TopicClientTracker) add(topics []string, n int) {
+	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	ts := t.topics[topic]
-	if ts == nil {
-		ts = &TopicStats{Topic: topic}
-		t.topics[topic] = ts
+	t.total += n
+	if len(topics) == 0 {
+		topics = []string{""}
 	}
-	ts.ActiveClients += n
-	ts.LastActiveAt = time.Now()
+	for _, topic := range topics {
+		ts := t.topics[topic]
+		if ts == nil {
+			ts = &TopicStats{Topic: topic}
+			t.topics[topic] = ts
+		}
+		ts.ActiveClients += n
+		ts.LastActiveAt = now
+	}
 }
 
 // ActiveClients returns how many connections are open on topic.
@@ -50,15 +60,11 @@ func (t *TopicClientTracker) ActiveClients(topic string) int {
 	return 0
 }
 
-// Total returns how many connections are open on all topics.
+// Total returns how many connections are open, each counted once.
 func (t *TopicClientTracker) Total() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := 0
-	for _, ts := range t.topics {
-		n += ts.ActiveClients
-	}
-	return n
+	return t.total
 }
 
 // Snapshot returns every topic seen since the hub was created, sorted by

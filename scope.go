@@ -1,0 +1,32 @@
+package replayd
+
+import (
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// parseTopics returns the scope a request names with the param query
+// parameter: its values trimmed, blanks dropped, each topic once, in the
+// order first given. None left is the global scope (nil).
+func parseTopics(query url.Values, param string, maxTopics int) ([]string, error) {
+	var topics []string
+	for _, v := range query[param] {
+		t := strings.TrimSpace(v)
+		if t == "" || slices.Contains(topics, t) {
+			continue
+		}
+		if err := validateTopic(t); err != nil {
+			return nil, err
+		}
+		topics = append(topics, t)
+	}
+	if len(topics) > 1 {
+		// TODO(scope): several topics per stream.
+		return nil, invalidf("several topics per connection are not supported yet")
+	}
+	if len(topics) > maxTopics {
+		return nil, invalidf("more than %d topics", maxTopics)
+	}
+	return topics, nil
+}
