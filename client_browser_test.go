@@ -28,13 +28,15 @@ const clientPageHTML = `<!doctype html>
 import { subscribe } from "/replayd.js";
 const q = new URLSearchParams(location.search);
 const keep = q.get("keep");
+const opts = JSON.parse(q.get("opts"));
+if (opts.noEventSource) delete window.EventSource; // the module ignores the extra option
 window.rec = keep ? JSON.parse(sessionStorage.getItem(keep) || "[]") : [];
 const push = r => {
   window.rec.push(r);
   if (keep) sessionStorage.setItem(keep, JSON.stringify(window.rec));
 };
 window.sub = subscribe({
-  ...JSON.parse(q.get("opts")),
+  ...opts,
   onEvent(ev) {
     push({kind: "event", id: ev.id, type: ev.type, hasTopic: "topic" in ev,
           topic: ev.topic ?? null, data: JSON.stringify(ev.data)});
@@ -74,10 +76,13 @@ func (s clientPageState) events() []clientRecord {
 	return out
 }
 
-// clientMux serves the module at /replayd.js, the page at /module and sse
-// at /events.
-func clientMux(sse http.Handler) *http.ServeMux {
+// clientMux serves the module at /replayd.js, the page at /module, sse at
+// /events and poll (if not nil) at /poll.
+func clientMux(sse, poll http.Handler) *http.ServeMux {
 	mux := browserMux(sse)
+	if poll != nil {
+		mux.Handle("/poll", poll)
+	}
 	mux.Handle("/replayd.js", ClientScript())
 	mux.HandleFunc("/module", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -158,19 +163,24 @@ func clientWaitCursor(t *testing.T, tab context.Context, storageKey string) clie
 }
 
 // clientAssertEvents checks that the page's onEvent saw exactly want, in
-// order, with the SSE shape (no topic) or the poll shape (topic, null for a
-// broadcast).
-func clientAssertEvents(t *testing.T, st clientPageState, want []Event, overPolls bool) {
+// order. shape is the transport's: "sse" (no topic), "poll" (the topic,
+// null for a broadcast) or "any" (topics not compared: both transports).
+func clientAssertEvents(t *testing.T, st clientPageState, want []Event, shape string) {
 	t.Helper()
 	got := st.events()
 	exp := make([]clientRecord, len(want))
 	for i, w := range want {
 		exp[i] = clientRecord{Kind: "event", ID: w.Sequence, Type: w.Type, Data: string(w.Payload)}
-		if overPolls {
+		if shape == "poll" {
 			exp[i].HasTopic = true
 			if w.Topic != "" {
 				exp[i].Topic = &want[i].Topic
 			}
+		}
+	}
+	if shape == "any" {
+		for i := range got {
+			got[i].HasTopic, got[i].Topic = false, nil
 		}
 	}
 	if g, e := mustJSON(got), mustJSON(exp); string(g) != string(e) {
@@ -183,9 +193,15 @@ func clientAssertEvents(t *testing.T, st clientPageState, want []Event, overPoll
 func TestBrowserModule(t *testing.T) {
 	browser := browserStart(t)
 	t.Run("SSEOnceInOrder", func(t *testing.T) { clientTestSSEOnceInOrder(t, browser) })
-	t.Run("SSEReloadResumes", func(t *testing.T) { clientTestSSEReloadResumes(t, browser) })
+	t.Run("SSEReloadResumes", func(t *testing.T) { clientTestReloadResumes(t, browser, "sse") })
 	t.Run("SSEReloadWithoutStorageKey", func(t *testing.T) { clientTestSSEReloadFresh(t, browser) })
 	t.Run("SSEGap", func(t *testing.T) { clientTestSSEGap(t, browser) })
+	t.Run("SSEUnknownCursor", func(t *testing.T) { clientTestUnknownCursor(t, browser, "sse") })
+	t.Run("PollOnceInOrder", func(t *testing.T) { clientTestPollOnceInOrder(t, browser) })
+	t.Run("PollReloadResumes", func(t *testing.T) { clientTestReloadResumes(t, browser, "poll") })
+	t.Run("PollUnknownCursor", func(t *testing.T) { clientTestUnknownCursor(t, browser, "poll") })
+	t.Run("AutoFallback", func(t *testing.T) { clientTestAutoFallback(t, browser) })
+	t.Run("Close", func(t *testing.T) { clientTestClose(t, browser) })
 }
 
 // Over SSE, from cursor 0: the replay, live events, and a reconnect after
@@ -201,7 +217,7 @@ func clientTestSSEOnceInOrder(t *testing.T, browser context.Context) {
 	want = append(want, mustPublish(t, h, "", map[string]string{"broadcast": "old"}))
 	mustPublish(t, h, "room", map[string]int{"n": -1}, WithType("skipped"))
 	gate := newBrowserGate(h.Handler())
-	srv := browserListen(t, "127.0.0.1:0", clientMux(gate))
+	srv := browserListen(t, "127.0.0.1:0", clientMux(gate, nil))
 
 	tab := browserTab(t, browser)
 	clientNavigate(t, tab, srv.url(), map[string]any{
@@ -230,7 +246,7 @@ func clientTestSSEOnceInOrder(t *testing.T, browser context.Context) {
 	time.Sleep(300 * time.Millisecond)
 	st = clientWaitEvents(t, tab, "k", len(want))
 
-	clientAssertEvents(t, st, want, false)
+	clientAssertEvents(t, st, want, "sse")
 	if len(st.Rec) != len(want) {
 		t.Fatalf("the page recorded more than the events (a gap?): %+v", st.Rec)
 	}
@@ -246,18 +262,18 @@ func clientTestSSEOnceInOrder(t *testing.T, browser context.Context) {
 // A reload in the middle of a stream, with storageKey: while a publisher
 // writes, the page is reloaded twice; the page's record (kept in
 // sessionStorage beside the module's cursor) holds every event published
-// after it joined exactly once, in order.
-func clientTestSSEReloadResumes(t *testing.T, browser context.Context) {
+// after it joined exactly once, in order. transport is "sse" or "poll".
+func clientTestReloadResumes(t *testing.T, browser context.Context, transport string) {
 	db, _ := openTestDB(t)
 	opts := browserOptions()
 	opts.SSE.ReplayLimit = 1000
 	h := newTestHub(t, db, opts)
 	mustPublish(t, h, "room", "before the page") // not delivered: the page starts fresh
-	srv := browserListen(t, "127.0.0.1:0", clientMux(h.Handler()))
+	srv := browserListen(t, "127.0.0.1:0", clientMux(h.Handler(), clientPollHandler(h)))
 
 	tab := browserTab(t, browser)
 	clientNavigate(t, tab, srv.url(), map[string]any{
-		"sse": "/events", "transport": "sse", "topics": []string{"room"}, "storageKey": "cur",
+		"sse": "/events", "poll": "/poll", "transport": transport, "topics": []string{"room"}, "storageKey": "cur",
 	}, "rec")
 	st := clientWaitCursor(t, tab, "cur")
 	head, _ := h.LatestSequence(context.Background())
@@ -299,7 +315,7 @@ func clientTestSSEReloadResumes(t *testing.T, browser context.Context) {
 	mu.Lock()
 	defer mu.Unlock()
 	st = clientWaitEvents(t, tab, "cur", len(want))
-	clientAssertEvents(t, st, want, false)
+	clientAssertEvents(t, st, want, transport)
 	if last := want[len(want)-1].Sequence; *st.Cursor != last || *st.Stored != strconv.FormatInt(last, 10) {
 		t.Fatalf("cursor %v, stored %v; want %d", *st.Cursor, *st.Stored, last)
 	}
@@ -312,7 +328,7 @@ func clientTestSSEReloadFresh(t *testing.T, browser context.Context) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, browserOptions())
 	gate := newBrowserGate(h.Handler())
-	srv := browserListen(t, "127.0.0.1:0", clientMux(gate))
+	srv := browserListen(t, "127.0.0.1:0", clientMux(gate, nil))
 
 	tab := browserTab(t, browser)
 	clientNavigate(t, tab, srv.url(), map[string]any{"sse": "/events", "topics": []string{"room"}}, "rec")
@@ -331,7 +347,7 @@ func clientTestSSEReloadFresh(t *testing.T, browser context.Context) {
 	}
 	want = append(want, mustPublish(t, h, "room", "after"))
 	st = clientWaitEvents(t, tab, "", len(want))
-	clientAssertEvents(t, st, want, false)
+	clientAssertEvents(t, st, want, "sse")
 	if st.Stored != nil {
 		t.Fatalf("a cursor was stored without storageKey: %q", *st.Stored)
 	}
@@ -346,7 +362,7 @@ func clientTestSSEGap(t *testing.T, browser context.Context) {
 	opts.SSE.GapEventType = "replayd-gap"
 	h := newTestHub(t, db, opts)
 	gate := newBrowserGate(h.Handler())
-	srv := browserListen(t, "127.0.0.1:0", clientMux(gate))
+	srv := browserListen(t, "127.0.0.1:0", clientMux(gate, nil))
 
 	tab := browserTab(t, browser)
 	clientNavigate(t, tab, srv.url(), map[string]any{
@@ -365,7 +381,7 @@ func clientTestSSEGap(t *testing.T, browser context.Context) {
 	}
 	gate.release()
 	st := clientWaitEvents(t, tab, "k", 3)
-	clientAssertEvents(t, st, []Event{seen, missed[3], missed[4]}, false)
+	clientAssertEvents(t, st, []Event{seen, missed[3], missed[4]}, "sse")
 	if len(st.Rec) != 4 || st.Rec[1].Kind != "gap" {
 		t.Fatalf("want event, gap, event, event: %+v", st.Rec)
 	}
