@@ -120,6 +120,18 @@
 //   - A [EventHub.Subscribe] callback runs on the delivering goroutine, under
 //     the hub's delivery lock: it must not block and must not call Publish.
 //     For this hub's own publishes it runs before Publish returns.
+//   - [ClientScript] serves the module with a strong ETag (a hash of its
+//     bytes) and Cache-Control no-cache, answers If-None-Match with 304 and
+//     any method but GET and HEAD with 405.
+//   - The browser module: a cursor stored under storageKey wins over the
+//     cursor option (it is what the tab saw last). transport defaults to
+//     "auto" when both URLs are given, else to the one given. Topics are
+//     always sent as "topic" parameters (the default TopicParam). A fresh
+//     poll subscription first polls with wait=0 to learn the head, so that
+//     a reload before any event loses nothing. After an unknown_cursor gap
+//     the cursor moves back to the head the server names, and ids continue
+//     from there (strictly increasing again from the gap on). Events of
+//     types not asked for move the cursor without reaching onEvent.
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
 //     Total and Snapshot; a topic seen once stays in Snapshot and Stats with
 //     0 clients.
