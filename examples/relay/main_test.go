@@ -23,9 +23,6 @@ import (
 // second tab on the same job reads the same text. Skips without Chromium,
 // unless REPLAYD_BROWSER_TESTS=1 (as CI sets).
 func TestRelayPageSurvivesReloads(t *testing.T) {
-	if testing.Short() {
-		t.Skip("browser test")
-	}
 	browser := relayBrowser(t)
 
 	db, err := replayd.OpenDB(filepath.Join(t.TempDir(), "events.db"))
