@@ -23,6 +23,7 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
       sessionStorage.setItem(storageKey, String(v));
     } catch (_) {}
   };
+  if (cursor !== null) cursor = Number(cursor);
   if (storageKey) {
     const s = store();
     if (/^\d+$/.test(s || "")) cursor = Number(s);
@@ -130,7 +131,7 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
 
   if (sse && mode !== "poll" && typeof EventSource === "function") openSSE();
   else if (poll && mode !== "sse") longPoll();
-  else throw new Error("replayd: subscribe needs " + (sse ? "EventSource" : "an sse or poll URL"));
+  else throw new Error("replayd: subscribe: no usable transport (" + mode + ")");
 
   return {
     get cursor() { return cursor; },
