@@ -74,8 +74,9 @@ type SSEOptions struct {
 	HeartbeatData func(topic string) any
 	// GapEventType is the SSE event type of gap frames; default "gap".
 	GapEventType string
-	// Retry, if positive, is sent first as the SSE retry field: how long a
-	// browser waits before reconnecting.
+	// Retry, if positive, is sent as the SSE retry field in the hello's
+	// block (a block of its own reaches some Go clients as an empty
+	// event): how long a browser waits before reconnecting.
 	Retry time.Duration
 	// MaxBufferedBytes caps each connection's unsent frames. A client past
 	// the cap is disconnected and resumes from the log when it reconnects.
