@@ -78,8 +78,14 @@ type SSEOptions struct {
 	// block (a block of its own reaches some Go clients as an empty
 	// event): how long a browser waits before reconnecting.
 	Retry time.Duration
-	// MaxBufferedBytes caps each connection's unsent frames. A client past
-	// the cap is disconnected and resumes from the log when it reconnects.
+	// MaxBufferedBytes caps each connection's unsent live frames. A client
+	// past the cap is disconnected and resumes from the log when it
+	// reconnects. The cap applies once a frame is unsent: a connection
+	// with nothing unsent always takes the next frame, however large, so
+	// no payload Publish accepts cuts a client that keeps up. Its unsent
+	// bytes are at most max(MaxBufferedBytes, one frame); a frame is at
+	// most about 7 MiB (a 1 MiB payload whose every byte is a line break
+	// costs a "data: " line each), and is shared by every connection.
 	// Default 1 MiB; negative: no cap.
 	MaxBufferedBytes int
 	// MaxTopics is the most distinct topics one request may name; default 32.

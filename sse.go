@@ -126,6 +126,12 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		return
 	}
 	defer h.removeStream(s)
+	defer func() {
+		if s.wasCut() {
+			h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
+				"topic", topic, "remote", r.RemoteAddr, "maxBufferedBytes", s.max)
+		}
+	}()
 	h.clients.opened(topics)
 	defer h.clients.closed(topics)
 	h.metrics.connOpened(transportSSE)
@@ -329,6 +335,7 @@ type stream struct {
 	spare    []*liveEvent // the drained queue, reused
 	queued   int          // bytes pushed and not yet written
 	dead     bool         // over the cap or killed: the stream must end
+	cut      bool         // killed for passing the cap
 	deadline time.Time    // the write deadline set last
 }
 
@@ -339,8 +346,12 @@ func (s *stream) push(le *liveEvent) {
 		s.mu.Unlock()
 		return
 	}
-	if s.max >= 0 && s.queued+len(le.frame) > s.max {
+	// The cap applies only once something is unsent, so a frame of any
+	// size Publish accepts always fits an empty queue. Frames are shared by
+	// every connection, so the one frame costs a connection no memory.
+	if s.max >= 0 && s.queued > 0 && s.queued+len(le.frame) > s.max {
 		s.m.slowConsumerCut()
+		s.cut = true
 		s.killLocked()
 		s.mu.Unlock()
 		return
@@ -356,6 +367,13 @@ func (s *stream) push(le *liveEvent) {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// wasCut reports whether the stream was ended for passing its cap.
+func (s *stream) wasCut() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cut
 }
 
 // take returns the queued frames; false if the stream must end.
