@@ -117,6 +117,12 @@
 //     read) is answered 200 with only an SSE comment and ended: an
 //     EventSource treats any other status as final and would never
 //     reconnect, while an ended stream is retried with the same cursor.
+//   - A stream whose http.ResponseWriter cannot flush (neither it nor a
+//     writer its Unwrap method returns implements http.Flusher, as
+//     http.ResponseController needs) is refused with 500 and a plain-text
+//     reason before anything is read; the cause is logged at Error once per
+//     hub. Unlike a stream that fails while starting, it is not answered
+//     200: it could never work, so no client should retry it.
 //   - [EventHub.Replay] and the EventLog reads treat limit <= 0 as 100; a
 //     negative SSEOptions.ReplayLimit replays nothing (gaps report 0).
 //   - The hello and heartbeat event types are fixed ("hello", "heartbeat");

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -231,6 +232,10 @@ type EventHub struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed by Close
 	wg     sync.WaitGroup
+
+	// noFlushLogged is set once a ResponseWriter that cannot flush was
+	// logged, so a misconfigured server logs it once, not per request.
+	noFlushLogged atomic.Bool
 
 	mu      sync.Mutex // guards the fields below, and wg.Add after Close
 	closed  bool

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -110,6 +111,19 @@ func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
 // write gives up.
 func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
 	o := &h.opts.SSE
+	if !canFlush(w) {
+		// Without flushing nothing reaches the client until the handler
+		// returns: a stream that can never work. Refused before anything
+		// is subscribed or read.
+		if h.noFlushLogged.CompareAndSwap(false, true) {
+			h.logger.Error("replayd: the http.ResponseWriter cannot flush: every SSE stream is refused with 500. "+
+				"A middleware's ResponseWriter must implement http.Flusher, or Unwrap() to one (see http.ResponseController)",
+				"type", fmt.Sprintf("%T", w))
+		}
+		http.Error(w, "server misconfigured: the ResponseWriter has no Flush (nor Unwrap), so events cannot be streamed",
+			http.StatusInternalServerError)
+		return
+	}
 	topic := "" // TODO(scope): several topics per stream
 	if len(topics) > 0 {
 		topic = topics[0]
@@ -236,6 +250,22 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 			return
 		case <-h.done:
 			return
+		}
+	}
+}
+
+// canFlush reports whether w can flush, found out as http.ResponseController
+// does but without flushing: w, or a writer its Unwrap chain leads to,
+// implements http.Flusher or FlushError.
+func canFlush(w http.ResponseWriter) bool {
+	for {
+		switch t := w.(type) {
+		case http.Flusher, interface{ FlushError() error }:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return false
 		}
 	}
 }

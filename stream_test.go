@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -155,4 +157,61 @@ func (l *logRecorder) String() string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// noFlushWriter is a middleware's ResponseWriter with neither Flush nor
+// Unwrap: nothing it is given can ever reach the client before the
+// handler returns.
+type noFlushWriter struct{ w http.ResponseWriter }
+
+func (n noFlushWriter) Header() http.Header         { return n.w.Header() }
+func (n noFlushWriter) Write(b []byte) (int, error) { return n.w.Write(b) }
+func (n noFlushWriter) WriteHeader(code int)        { n.w.WriteHeader(code) }
+
+// unwrapWriter hides Flush but offers Unwrap, as http.ResponseController
+// expects of a middleware.
+type unwrapWriter struct{ noFlushWriter }
+
+func (u unwrapWriter) Unwrap() http.ResponseWriter { return u.w }
+
+// Behind a ResponseWriter that cannot flush, a stream is refused at once
+// with a 500 and a plain-text reason, and the cause is logged at Error once
+// per hub; one that unwraps to a Flusher streams.
+func TestSSEWriterWithoutFlush(t *testing.T) {
+	db, _ := openTestDB(t)
+	logs := &logRecorder{}
+	h := newTestHub(t, db, Options{Logger: slog.New(logs), SSE: SSEOptions{HeartbeatInterval: -1}})
+	var wrap func(http.ResponseWriter) http.ResponseWriter
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.Handler().ServeHTTP(wrap(w), r)
+	}))
+	t.Cleanup(srv.Close)
+
+	wrap = func(w http.ResponseWriter) http.ResponseWriter { return noFlushWriter{w} }
+	for range 3 {
+		resp, err := http.Get(srv.URL + "?topic=room")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(body), "Flush") ||
+			!strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
+			t.Fatalf("status %d, %s, body %q; want 500 naming Flush", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+	}
+	if n := logs.count(slog.LevelError, "Flush", "", ""); n != 1 {
+		t.Fatalf("%d Error logs naming Flush, want 1:\n%s", n, logs)
+	}
+	if h.Clients().Total() != 0 || len(h.Clients().Snapshot()) != 0 {
+		t.Fatalf("a refused stream reached the tracker: %+v", h.Clients().Snapshot())
+	}
+
+	wrap = func(w http.ResponseWriter) http.ResponseWriter { return unwrapWriter{noFlushWriter{w}} }
+	c := dial(t, srv.URL+"?topic=room", nil)
+	c.hello()
+	ev := mustPublish(t, h, "room", 1)
+	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
+		t.Fatalf("frame %+v, want event %d", f, ev.Sequence)
+	}
 }
