@@ -131,6 +131,10 @@
 //     the hub's delivery lock: it must not block and must not call Publish.
 //     For this hub's own publishes it runs before Publish returns.
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
-//     Total and Snapshot; a topic seen once stays in Snapshot and Stats with
-//     0 clients.
+//     Total and Snapshot. A topic stays in Snapshot and Stats with 0 clients
+//     after its last client leaves, until it has been idle for more than an
+//     hour or is not among the newest 10,000 idle topics (clients choose
+//     topic names, so the tracker must not keep them all). Dropping is done
+//     as connections open and close and when Snapshot runs, so Stats costs
+//     at most the open topics plus 10,000 entries.
 package replayd

@@ -505,8 +505,9 @@ func (h *EventHub) LatestSequence(ctx context.Context) (int64, error) {
 	return h.log.LatestSequence(ctx)
 }
 
-// Stats reports the head and, for every topic that has had an SSE
-// connection since the hub was created, its active connection count.
+// Stats reports the head and, for every topic with an SSE connection open
+// or closed recently, its active connection count (see
+// TopicClientTracker.Snapshot for which idle topics are kept).
 func (h *EventHub) Stats(ctx context.Context) (Stats, error) {
 	head, err := h.LatestSequence(ctx)
 	if err != nil {
