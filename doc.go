@@ -123,6 +123,17 @@
 //     reason before anything is read; the cause is logged at Error once per
 //     hub. Unlike a stream that fails while starting, it is not answered
 //     200: it could never work, so no client should retry it.
+//   - Deleting the database file under a running hub, or moving another
+//     file over it, is an operator error that SQLite does not notice. The
+//     hub remembers the main database file (its path from PRAGMA
+//     database_list; device and inode, see os.SameFile) and looks at the
+//     path again before a commit (at most every 100ms), after a failed
+//     commit and on every tail poll. Once it is not the same file, the hub
+//     logs that at Error and every Publish fails with an error wrapping
+//     [ErrLogReplaced]; publishes acknowledged in the 100ms before went into
+//     the old file and are lost. The hub does not recover: close it and the
+//     *sql.DB, restore the file, and open both again. ":memory:" has no file
+//     and is not checked.
 //   - [EventHub.Replay] and the EventLog reads treat limit <= 0 as 100; a
 //     negative SSEOptions.ReplayLimit replays nothing (gaps report 0).
 //   - The hello and heartbeat event types are fixed ("hello", "heartbeat");

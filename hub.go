@@ -213,6 +213,7 @@ type EventHub struct {
 	opts    Options
 	log     *EventLog
 	store   store
+	file    *fileGuard // the database file's identity, checked before commits
 	logger  *slog.Logger
 	clients *TopicClientTracker
 	metrics metrics
@@ -273,6 +274,9 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 	defer cancel()
 	if err := h.EnsureSchema(ctx); err != nil {
 		return nil, err
+	}
+	if h.file, err = newFileGuard(ctx, db); err != nil {
+		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
 	if h.live.pos, err = h.store.latestSequence(ctx); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
@@ -449,6 +453,12 @@ func (h *EventHub) writeLoop() {
 const lingerMax = 200 * time.Microsecond
 
 func (h *EventHub) commit(batch []*publishReq) {
+	if err := h.checkLogFile(false); err != nil {
+		for _, r := range batch {
+			r.res <- publishRes{err: fmt.Errorf("replayd: publish: %w", err)}
+		}
+		return
+	}
 	evs := make([]Event, len(batch))
 	dup := make([]bool, len(batch))
 	for i, r := range batch {
@@ -458,6 +468,9 @@ func (h *EventHub) commit(batch []*publishReq) {
 	err := h.store.appendBatch(context.Background(), evs, dup)
 	h.writeMu.Unlock()
 	if err != nil {
+		if ferr := h.checkLogFile(true); ferr != nil {
+			err = fmt.Errorf("%w (%v)", ferr, err)
+		}
 		if len(batch) > 1 {
 			// Whatever failed, it fails only its own publish: retry alone.
 			for _, r := range batch {

@@ -73,6 +73,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 		}
 		n, err := h.poll(ctx)
 		h.metrics.tailPolled()
+		h.checkLogFile(true) // logs a deleted or replaced file; Publish refuses
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
