@@ -69,7 +69,7 @@
 // A publish never waits on an SSE client. Each connection has a queue of
 // unsent frames bounded by SSEOptions.MaxBufferedBytes (default 1 MiB) and
 // each write must finish within 7.5-15s; a client past either limit is
-// disconnected (logged at Info with its topic and address), which is safe
+// disconnected (logged at Info with its topics and address), which is safe
 // because it resumes from the log. The cap applies once something is
 // unsent: an empty queue always takes one frame, so the largest event
 // Publish accepts (a 1 MiB payload, whose frame grows by a "data: " line

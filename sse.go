@@ -143,7 +143,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	defer func() {
 		if s.wasCut() {
 			h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
-				"topic", topic, "remote", r.RemoteAddr, "maxBufferedBytes", s.max)
+				"topics", topics, "remote", r.RemoteAddr, "maxBufferedBytes", s.max)
 		}
 	}()
 	h.clients.opened(topics)

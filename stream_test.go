@@ -98,7 +98,7 @@ func TestSSESlowConsumerCutIsLogged(t *testing.T) {
 		t.Fatalf("stream went on with %+v, want it cut", f)
 	}
 	waitUntil(t, "the cut logged", func() bool {
-		return logs.has(slog.LevelInfo, "slow consumer", "topic", "slow") && logs.has(slog.LevelInfo, "slow consumer", "remote", "")
+		return logs.has(slog.LevelInfo, "slow consumer", "topics", "slow") && logs.has(slog.LevelInfo, "slow consumer", "remote", "")
 	})
 }
 
