@@ -57,9 +57,9 @@ func (t *TopicClientTracker) opened(topics []string) { t.add(topics, 1) }
 func (t *TopicClientTracker) closed(topics []string) { t.add(topics, -1) }
 
 func (t *TopicClientTracker) add(topics []string, n int) {
-	now := t.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now := t.now() // under mu, so the idle list is in LastActiveAt order
 	t.total += n
 	if len(topics) == 0 {
 		topics = []string{""}
@@ -128,9 +128,8 @@ func (t *TopicClientTracker) Total() int {
 // clients, after its last client leaves, until it has been idle for more
 // than an hour or is not among the newest 10,000 idle topics.
 func (t *TopicClientTracker) Snapshot() []TopicStats {
-	now := t.now()
 	t.mu.Lock()
-	t.trim(now)
+	t.trim(t.now())
 	out := make([]TopicStats, 0, len(t.topics))
 	for _, e := range t.topics {
 		out = append(out, e.TopicStats)
