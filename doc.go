@@ -136,6 +136,11 @@
 //     and is not checked.
 //   - [EventHub.Replay] and the EventLog reads treat limit <= 0 as 100; a
 //     negative SSEOptions.ReplayLimit replays nothing (gaps report 0).
+//   - SSEOptions.Retry is sent as a retry field in the hello's block
+//     ("retry: 2000\nid: 7\nevent: hello\ndata: …"), not as a block of its
+//     own: r3labs/sse and tmaxmax/go-sse hand a block holding only retry to
+//     the application as an empty event. An EventSource reads it the same
+//     either way.
 //   - The hello and heartbeat event types are fixed ("hello", "heartbeat");
 //     the gap's is SSEOptions.GapEventType.
 //   - A [EventHub.Subscribe] callback runs on the delivering goroutine, under
