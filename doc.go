@@ -64,7 +64,8 @@
 // publish; with it, it polls the head (default every 200ms) and reads rows
 // only when the head moved. If rows above the live position were pruned
 // before they could be delivered, or cannot be read, the hub ends every open
-// stream so that its clients reconnect and get a gap.
+// stream so that its clients reconnect and get a gap, and tells each
+// [EventHub.SubscribeWithGaps] subscriber with a [Gap] before the next event.
 //
 // A publish never waits on an SSE client. Each connection has a queue of
 // unsent frames bounded by SSEOptions.MaxBufferedBytes (default 1 MiB) and
@@ -120,6 +121,11 @@
 //   - A [EventHub.Subscribe] callback runs on the delivering goroutine, under
 //     the hub's delivery lock: it must not block and must not call Publish.
 //     For this hub's own publishes it runs before Publish returns.
+//   - An in-process subscriber learns of holes through
+//     [EventHub.SubscribeWithGaps] (Subscribe's signature is fixed): a [Gap]
+//     with the SSE reasons "pruned" and "unknown_cursor", plus "unreadable"
+//     for rows a database error kept from being read (an SSE client gets a
+//     stream that ends, then the gap its cursor earns on reconnecting).
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
 //     Total and Snapshot; a topic seen once stays in Snapshot and Stats with
 //     0 clients.

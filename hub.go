@@ -477,9 +477,23 @@ func (h *EventHub) commit(batch []*publishReq) {
 // of every topic, exactly once and in sequence order, until unsubscribe is
 // called. fn runs on the delivering goroutine: it must return quickly and
 // must not call Publish. unsubscribe may be called from inside fn; once it
-// returns, fn is not called again.
+// returns, fn is not called again. Rows the hub cannot deliver live (see
+// SubscribeWithGaps) are skipped without a word: a subscriber that must know
+// uses SubscribeWithGaps.
 func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
-	return h.live.subscribeFunc(fn)
+	return h.live.subscribe(fn, nil)
+}
+
+// SubscribeWithGaps is Subscribe for a subscriber that must know when it
+// misses something: fn receives events as with Subscribe, and gap is called
+// for every hole, before any event that follows it and on the same
+// goroutine, so the two callbacks together see the live history in order.
+// A hole is a range of rows this hub could not deliver live: rows retention
+// deleted (or that could not be read) before delivery, or a log reset from
+// outside (see [Gap]). Treat a gap as "re-sync from a snapshot", as an SSE
+// client treats a gap frame. Either callback may be nil.
+func (h *EventHub) SubscribeWithGaps(fn func(Event), gap func(Gap)) (unsubscribe func()) {
+	return h.live.subscribe(fn, gap)
 }
 
 // Replay returns up to limit of the oldest events visible to topic whose
