@@ -66,6 +66,12 @@
 // before they could be delivered, or cannot be read, the hub ends every open
 // stream so that its clients reconnect and get a gap, and tells each
 // [EventHub.SubscribeWithGaps] subscriber with a [Gap] before the next event.
+// If the head falls below the live position (the log was reset or replaced
+// from outside), the hub logs a warning, ends every stream (their clients
+// reconnect with an "unknown_cursor" gap and go on from the new head), tells
+// gap subscribers with an "unknown_cursor" Gap, and follows the new log: it
+// notices at its next tail poll or publish, never waiting for the sequence to
+// pass its old position.
 //
 // A publish never waits on an SSE client. Each connection has a queue of
 // unsent frames bounded by SSEOptions.MaxBufferedBytes (default 1 MiB) and

@@ -195,6 +195,21 @@ const catchUpPage = 1000
 func (h *EventHub) deliver(after int64, rows []Event) {
 	h.live.mu.Lock()
 	defer h.live.mu.Unlock()
+	if len(rows) > 0 && rows[0].Sequence <= h.live.pos {
+		// Either the tail delivered these rows already, or the log was
+		// reset under the hub: the head, never below the position
+		// otherwise, tells.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		head, err := h.store.latestSequence(ctx)
+		cancel()
+		switch {
+		case err != nil:
+			h.logger.Error("replayd: cannot read the head to tell a reset log from rows already delivered",
+				"from", rows[0].Sequence, "livePosition", h.live.pos, "err", err)
+		case head < h.live.pos:
+			h.logReset(head, after)
+		}
+	}
 	if !h.live.hasSubscribers() {
 		// Nobody to deliver to: skip reading other writers' rows. A
 		// subscriber that arrives later reads the head after subscribing,
@@ -260,6 +275,21 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		h.live.pos = through // nothing else is committed up to through
 	}
 	return n, nil
+}
+
+// logReset handles a head below the live position: the log was reset or
+// replaced from outside, and its sequences start again. Like a cursor above
+// the head (SPEC §4.4, unknown_cursor), every stream ends, so its client
+// reconnects, is told by an unknown_cursor gap and goes on from the new head;
+// gap subscribers are told the same; the live position moves down to
+// through, above which rows are delivered again. The caller holds
+// h.live.mu.
+func (h *EventHub) logReset(head, through int64) {
+	h.logger.Warn("replayd: the log's head is below the live position: the log was reset or replaced; reconnecting streams",
+		"head", head, "livePosition", h.live.pos)
+	h.resync()
+	h.live.gap(Gap{Reason: GapUnknownCursor, After: h.live.pos, From: 1, Through: through})
+	h.live.pos = through
 }
 
 // resync ends every open stream so that its client reconnects and resumes
