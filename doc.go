@@ -99,13 +99,24 @@
 //     [ErrInvalid]; test with errors.Is. Nothing was stored.
 //   - After [EventHub.Close], Publish and StartTail return [ErrClosed], and
 //     StartRetention returns a stop that does nothing. Close is idempotent,
-//     never closes the *sql.DB, and lets a publish already being committed
-//     finish.
+//     never closes the *sql.DB, and returns within about a second whatever
+//     another process does: it lets a publish already being committed finish
+//     for up to half a second, then cancels the commit (those publishes
+//     return [ErrClosed]; nothing was stored). Only if the writer does not
+//     stop a second after that does Close give up on it, returning an error,
+//     and its publishes return [ErrOutcomeUnknown].
 //   - Publish's ctx bounds the wait, not the write: the commit itself is not
 //     cancelled. A ctx already done stores nothing; when ctx ends while the
-//     event is being committed, Publish returns ctx's error and the event may
-//     or may not have been stored. Give events an id with [WithEventID] and
-//     retry: a known id stores nothing and returns the original event.
+//     event is being committed, Publish returns an error wrapping
+//     [ErrOutcomeUnknown] and ctx's error: the event may or may not have been
+//     stored. Give events an id with [WithEventID] and retry: a known id
+//     stores nothing and returns the original event. An error wrapping
+//     [ErrClosed] means nothing was stored.
+//   - A group-commit batch that fails on one row (a constraint, such as a
+//     trigger's RAISE, or a value SQLite refuses) is retried one event at a
+//     time, so only the bad event fails. Any other failure (busy past the
+//     busy timeout, I/O) fails the whole batch at once: retrying each event
+//     would repeat the same wait once per event.
 //   - A []byte payload is taken as raw JSON, like json.RawMessage, not
 //     base64-encoded as encoding/json would; it must be valid JSON.
 //   - A payload is written as one "data:" line per line. CR, LF and CRLF all
