@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -92,10 +94,66 @@ func checkOutcomes(t *testing.T, db *sql.DB, results <-chan publishResult, n int
 	return ok, unknown
 }
 
+// lockChildEnv makes the test binary a child that holds a database's write
+// lock until its stdin closes.
+const lockChildEnv = "REPLAYD_LOCK_CHILD"
+
+// lockChild takes the write lock of the database at path, prints "locked",
+// and holds the lock until stdin closes or a minute has passed.
+func lockChild(path string) {
+	db, err := OpenDB(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if _, err := db.Exec("BEGIN IMMEDIATE"); err != nil { // the pool holds one connection open
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	fmt.Println("locked")
+	eof := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		close(eof)
+	}()
+	select {
+	case <-eof:
+	case <-time.After(time.Minute):
+	}
+	os.Exit(0) // the lock goes with the process
+}
+
 // Close must return promptly whatever another process does: here it holds
 // the write lock for longer than the busy timeout while the writer waits
-// for it. No caller may be told of a success that was not committed.
+// for it, as another connection of this process and as another process. No
+// caller may be told of a success that was not committed.
 func TestCloseBoundedUnderForeignWriteLock(t *testing.T) {
+	if path := os.Getenv(lockChildEnv); path != "" {
+		lockChild(path)
+	}
+	t.Run("connection", func(t *testing.T) {
+		testCloseBoundedUnderLock(t, holdWriteLock)
+	})
+	t.Run("process", func(t *testing.T) {
+		testCloseBoundedUnderLock(t, func(t testing.TB, path string) func() {
+			child := crashStart(t.(*testing.T), "TestCloseBoundedUnderForeignWriteLock", lockChildEnv+"="+path)
+			select {
+			case line := <-child.lines:
+				if line != "locked" {
+					t.Fatalf("child: %q; %s", line, child.stderr())
+				}
+			case <-time.After(waitFor):
+				t.Fatalf("the child did not take the lock: %s", child.stderr())
+			}
+			return func() {
+				child.kill()
+				child.wait()
+			}
+		})
+	})
+}
+
+func testCloseBoundedUnderLock(t *testing.T, lock func(t testing.TB, path string) (release func())) {
 	db, path := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	mustPublish(t, h, "", "warm") // the writer's connection is open
@@ -106,7 +164,7 @@ func TestCloseBoundedUnderForeignWriteLock(t *testing.T) {
 		default:
 		}
 	}
-	release := holdWriteLock(t, path)
+	release := lock(t, path)
 	const n = 20
 	results := publishMany(h, "held", n)
 	select {
