@@ -295,3 +295,51 @@ func TestGroupCommitBusyFailsBatchOnce(t *testing.T) {
 	}
 	t.Logf("a busy batch of %d failed in %v (busy wait %v)", n, took, busyWait)
 }
+
+// stuckStore is a hub's store whose appendBatch first waits for gate,
+// deaf to its context, as a database call that cannot be cancelled would.
+type stuckStore struct {
+	store
+	gate chan struct{}
+}
+
+func (s *stuckStore) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
+	<-s.gate
+	return s.store.appendBatch(ctx, evs, dup)
+}
+
+// Should the writer not stop even when its commit is cancelled, Close
+// still returns in bounded time, with an error, and the publish it gave up
+// on says that its outcome is unknown (not that nothing was stored).
+func TestCloseAbandonsAWriterThatDoesNotStop(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	mustPublish(t, h, "", "warm")
+	ss := &stuckStore{store: h.store, gate: make(chan struct{})}
+	h.store = ss // read by the writer only after the next publish reaches it
+	committing := make(chan struct{}, 1)
+	h.testHookCommit = func() { committing <- struct{}{} }
+	res := make(chan error, 1)
+	go func() {
+		_, err := h.Publish(context.Background(), "a", 1, WithEventID("stuck"))
+		res <- err
+	}()
+	<-committing
+	start := time.Now()
+	err := h.Close()
+	took := time.Since(start)
+	if err == nil || took > closeGrace+closeAbandon+time.Second {
+		t.Fatalf("Close took %v and returned %v; want an error within about %v", took, err, closeGrace+closeAbandon)
+	}
+	select {
+	case err := <-res:
+		if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrClosed) {
+			t.Fatalf("Publish: %v; want ErrOutcomeUnknown", err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("Publish did not return after Close gave up")
+	}
+	close(ss.gate) // the writer stops at last; nothing outlives the test
+	h.wg.Wait()
+	t.Logf("Close gave up after %v: %v", took, err)
+}

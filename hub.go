@@ -646,6 +646,12 @@ func (h *EventHub) Close() error {
 		case <-stopped:
 		case <-timer.C:
 			close(h.abandoned)
+			go func() { // release the writer's connection when it stops at last
+				<-stopped
+				h.writeMu.Lock()
+				h.store.close()
+				h.writeMu.Unlock()
+			}()
 			h.logger.Error("replayd: close: the writer did not stop after its commit was cancelled; abandoning it",
 				"waited", closeGrace+closeAbandon)
 			return fmt.Errorf("replayd: close: the writer did not stop within %v; publishes in flight return ErrOutcomeUnknown",

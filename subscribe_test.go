@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -233,4 +234,53 @@ func TestPublishAfterLogResetDeliversLive(t *testing.T) {
 	if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(next.Sequence) {
 		t.Fatalf("after the reset: %+v, want id %d", f, next.Sequence)
 	}
+}
+
+// faultyStore is a hub's store with faults injected: reads above the live
+// position fail while failReads is set.
+type faultyStore struct {
+	store
+	failReads atomic.Bool
+}
+
+func (s *faultyStore) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
+	if s.failReads.Load() {
+		return nil, errors.New("injected read failure")
+	}
+	return s.store.readAfter(ctx, after, limit)
+}
+
+// Rows another process committed that this hub cannot read (a database
+// error) cannot be delivered in order: a gap subscriber is told before the
+// next event, and streams end so their clients resume from the log.
+func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
+	db, path := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := serve(t, h)
+	db2, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	other := newTestHub(t, db2, Options{})
+
+	first := mustPublish(t, h, "", "before")
+	fs := &faultyStore{store: h.store}
+	h.store = fs // the writer reads it only after the next publish hands it an event
+	rec := recordSubscriber(h)
+	c := dial(t, srv.URL, nil)
+	c.hello()
+	for range 3 {
+		mustPublish(t, other, "a", "unread")
+	}
+	fs.failReads.Store(true)
+	ev := mustPublish(t, h, "", "next")
+	want := []string{
+		fmt.Sprintf("gap unreadable %d %d-%d", first.Sequence, first.Sequence+1, first.Sequence+3),
+		fmt.Sprintf("e%d", ev.Sequence),
+	}
+	if got := rec.wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("subscriber got %q, want %q", got, want)
+	}
+	c.ended("connected before the unreadable rows")
 }
