@@ -64,7 +64,14 @@
 // publish; with it, it polls the head (default every 200ms) and reads rows
 // only when the head moved. If rows above the live position were pruned
 // before they could be delivered, or cannot be read, the hub ends every open
-// stream so that its clients reconnect and get a gap.
+// stream so that its clients reconnect and get a gap, and tells each
+// [EventHub.SubscribeWithGaps] subscriber with a [Gap] before the next event.
+// If the head falls below the live position (the log was reset or replaced
+// from outside), the hub logs a warning, ends every stream (their clients
+// reconnect with an "unknown_cursor" gap and go on from the new head), tells
+// gap subscribers with an "unknown_cursor" Gap, and follows the new log: it
+// notices at its next tail poll or publish, never waiting for the sequence to
+// pass its old position.
 //
 // A publish never waits on an SSE client. Each connection has a queue of
 // unsent frames bounded by SSEOptions.MaxBufferedBytes (default 1 MiB) and
@@ -96,13 +103,24 @@
 //     [ErrInvalid]; test with errors.Is. Nothing was stored.
 //   - After [EventHub.Close], Publish and StartTail return [ErrClosed], and
 //     StartRetention returns a stop that does nothing. Close is idempotent,
-//     never closes the *sql.DB, and lets a publish already being committed
-//     finish.
+//     never closes the *sql.DB, and returns within about a second whatever
+//     another process does: it lets a publish already being committed finish
+//     for up to half a second, then cancels the commit (those publishes
+//     return [ErrClosed]; nothing was stored). Only if the writer does not
+//     stop a second after that does Close give up on it, returning an error,
+//     and its publishes return [ErrOutcomeUnknown].
 //   - Publish's ctx bounds the wait, not the write: the commit itself is not
 //     cancelled. A ctx already done stores nothing; when ctx ends while the
-//     event is being committed, Publish returns ctx's error and the event may
-//     or may not have been stored. Give events an id with [WithEventID] and
-//     retry: a known id stores nothing and returns the original event.
+//     event is being committed, Publish returns an error wrapping
+//     [ErrOutcomeUnknown] and ctx's error: the event may or may not have been
+//     stored. Give events an id with [WithEventID] and retry: a known id
+//     stores nothing and returns the original event. An error wrapping
+//     [ErrClosed] means nothing was stored.
+//   - A group-commit batch that fails on one row (a constraint, such as a
+//     trigger's RAISE, or a value SQLite refuses) is retried one event at a
+//     time, so only the bad event fails. Any other failure (busy past the
+//     busy timeout, I/O) fails the whole batch at once: retrying each event
+//     would repeat the same wait once per event.
 //   - A []byte payload is taken as raw JSON, like json.RawMessage, not
 //     base64-encoded as encoding/json would; it must be valid JSON.
 //   - A payload is written as one "data:" line per line. CR, LF and CRLF all
@@ -146,6 +164,11 @@
 //   - A [EventHub.Subscribe] callback runs on the delivering goroutine, under
 //     the hub's delivery lock: it must not block and must not call Publish.
 //     For this hub's own publishes it runs before Publish returns.
+//   - An in-process subscriber learns of holes through
+//     [EventHub.SubscribeWithGaps] (Subscribe's signature is fixed): a [Gap]
+//     with the SSE reasons "pruned" and "unknown_cursor", plus "unreadable"
+//     for rows a database error kept from being read (an SSE client gets a
+//     stream that ends, then the gap its cursor earns on reconnecting).
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
 //     Total and Snapshot. A topic stays in Snapshot and Stats with 0 clients
 //     after its last client leaves, until it has been idle for more than an
