@@ -12,7 +12,7 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
     types = ["message"], gapType = "gap", onEvent = () => {}, onGap = () => {}}) {
   const mode = transport || (sse && poll ? "auto" : sse ? "sse" : "poll");
   const auto = mode === "auto" && !!poll;
-  let es = null, ctl = null, timer, helloTimer, tries = 0, hello = false, closed = false;
+  let es = null, ctl = null, timer, helloTimer, tries = 0, hello = false, resumed, closed = false;
 
   // The stored cursor, when there is one, wins over the cursor option: it is
   // what this tab saw last. sessionStorage may be missing or refuse access
@@ -63,14 +63,19 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
     es = new EventSource(url(sse, {lastEventId: cursor}));
     arm();
     es.addEventListener("hello", (e) => {
-      // The hello's cursor is ours, or the head for a fresh connection or
-      // an unknown cursor (a gap follows then, and ids start again there).
+      // The hello's cursor is ours (or past events of types not listened
+      // to), the head for a fresh connection, or the head below an unknown
+      // cursor: then the gap that follows moves the cursor back to it.
       hello = true;
       tries = 0;
       clearTimeout(helloTimer);
-      save(JSON.parse(e.data).cursor);
+      resumed = JSON.parse(e.data).cursor;
+      if (cursor === null || resumed > cursor) save(resumed);
     });
-    es.addEventListener(gapType, (e) => onGap(JSON.parse(e.data)));
+    es.addEventListener(gapType, (e) => {
+      if (resumed < cursor) save(resumed);
+      onGap(JSON.parse(e.data));
+    });
     for (const t of types) {
       if (t === "hello" || t === "heartbeat" || t === gapType) continue;
       es.addEventListener(t, (e) => deliver(Number(e.lastEventId), t, JSON.parse(e.data)));
