@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,9 +73,14 @@ func openTestStore(t testing.TB) (*Store, string) {
 // openPrefix opens another store (another "node") on the same tables.
 func openPrefix(t testing.TB, prefix string) *Store {
 	t.Helper()
+	return openPrefixDSN(t, prefix, testDSN(t))
+}
+
+func openPrefixDSN(t testing.TB, prefix, dsn string) *Store {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := Open(ctx, testDSN(t), WithTablePrefix(prefix))
+	s, err := Open(ctx, dsn, WithTablePrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,10 +88,27 @@ func openPrefix(t testing.TB, prefix string) *Store {
 	return s
 }
 
+// withPoolSize sets pgxpool's pool_max_conns in a DSN of either form.
+func withPoolSize(dsn string, n int) string {
+	if strings.Contains(dsn, "://") {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		return fmt.Sprintf("%s%spool_max_conns=%d", dsn, sep, n)
+	}
+	return fmt.Sprintf("%s pool_max_conns=%d", dsn, n)
+}
+
 // testPool is a plain pool for raw SQL in tests.
 func testPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	p, err := pgxpool.New(context.Background(), testDSN(t))
+	return testPoolDSN(t, testDSN(t))
+}
+
+func testPoolDSN(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
