@@ -72,13 +72,17 @@ const (
 	// $1..$4: event ids, types, topics (NULL: broadcast), payloads. Rows
 	// whose event id is stored, or appears earlier in the batch, are
 	// duplicates: they take no sequence and return the stored original.
-	qAppend = `WITH b AS (
-		SELECT u.i, u.event_id, u.type, u.topic, u.payload
+	// Every lookup is an index probe per row or per topic (a scalar
+	// subquery, a MATERIALIZED CTE, a LATERAL with LIMIT), whatever the
+	// table's size: a hash join would scan the whole log, and a lookup
+	// inlined into the insert's join would run once per inserted row, each
+	// walking back over the rows this statement already inserted.
+	qAppend = `WITH b AS MATERIALIZED (
+		SELECT u.i, u.event_id, u.type, u.topic, u.payload,
+			(SELECT e.sequence FROM %[1]sevents e WHERE e.event_id = u.event_id) AS stored
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS u(event_id, type, topic, payload, i)
 	), fresh AS (
-		SELECT DISTINCT ON (b.event_id) b.* FROM b
-		WHERE NOT EXISTS (SELECT 1 FROM %[1]sevents e WHERE e.event_id = b.event_id)
-		ORDER BY b.event_id, b.i
+		SELECT DISTINCT ON (b.event_id) b.* FROM b WHERE b.stored IS NULL ORDER BY b.event_id, b.i
 	), numbered AS (
 		SELECT f.*, row_number() OVER (ORDER BY f.i) AS g, row_number() OVER (PARTITION BY f.topic ORDER BY f.i) AS t
 		FROM fresh f
@@ -89,8 +93,8 @@ const (
 			created_at = greatest(%[1]shead.created_at, clock_timestamp())
 		FROM c WHERE %[1]shead.id = 1
 		RETURNING %[1]shead.seq - c.n AS seq0, %[1]shead.ord - c.n AS ord0, %[1]shead.created_at
-	), tb AS (
-		SELECT d.topic, coalesce(CASE WHEN d.topic IS NULL
+	), tb AS MATERIALIZED (
+		SELECT coalesce(d.topic, '') AS topic, coalesce(CASE WHEN d.topic IS NULL
 			THEN (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.sequence DESC LIMIT 1)
 			ELSE (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic = d.topic ORDER BY e.sequence DESC LIMIT 1)
 		END, 0) AS ord0
@@ -98,7 +102,7 @@ const (
 	), ins AS (
 		INSERT INTO %[1]sevents (sequence, event_id, type, topic, payload, created_at, topic_ord, global_ord)
 		SELECT h.seq0 + n.g, n.event_id, n.type, n.topic, n.payload, h.created_at, tb.ord0 + n.t, h.ord0 + n.g
-		FROM numbered n CROSS JOIN h JOIN tb ON tb.topic IS NOT DISTINCT FROM n.topic
+		FROM numbered n CROSS JOIN h JOIN tb ON tb.topic = coalesce(n.topic, '')
 		RETURNING sequence, event_id, type, topic, payload, created_at
 	)
 	SELECT coalesce(ins.sequence, e.sequence), coalesce(ins.event_id, e.event_id), coalesce(ins.type, e.type),
@@ -108,7 +112,9 @@ const (
 	FROM b
 	LEFT JOIN numbered n ON n.event_id = b.event_id
 	LEFT JOIN ins ON ins.event_id = b.event_id
-	LEFT JOIN %[1]sevents e ON e.event_id = b.event_id
+	LEFT JOIN LATERAL (
+		SELECT ` + eventColumns + ` FROM %[1]sevents e WHERE e.sequence = b.stored LIMIT 1
+	) e ON true
 	ORDER BY b.i`
 
 	// qNotify wakes every listener once per batch, at commit, with the head.
