@@ -18,8 +18,15 @@ import "strings"
 //   - p+"watermarks": per topic (” for broadcasts), the highest sequence
 //     retention deleted.
 //
-// Partial indexes split topics from broadcasts, so a scope's reads are one
-// index range scan per group, merged by sequence with a bounded sort.
+// One index on (topic, sequence) serves every group, broadcasts (NULL)
+// included: a scope's reads are one index range scan per group, merged by
+// sequence with a bounded sort. The group reads order by (topic, sequence)
+// and bound the topic with row comparisons, not "topic = x": with an
+// equality the planner sees the topic as a constant, finds the primary key
+// gives the same order, and when it misjudges the topic's frequency walks
+// the primary key backwards filtering every row (measured: 5,500 rows read
+// for 11 returned). No other index gives (topic, sequence) order, so the
+// plan cannot depend on statistics; TestQueryPlans pins it.
 var schema = []string{
 	`CREATE TABLE IF NOT EXISTS %[1]sevents (
 		sequence   bigint      NOT NULL,
@@ -33,10 +40,7 @@ var schema = []string{
 		CONSTRAINT %[1]sevents_pkey PRIMARY KEY (sequence) INCLUDE (global_ord),
 		CONSTRAINT %[1]sevents_event_id_key UNIQUE (event_id)
 	)`,
-	`CREATE INDEX IF NOT EXISTS %[1]sevents_topic_seq ON %[1]sevents (topic, sequence)
-		INCLUDE (topic_ord) WHERE topic IS NOT NULL`,
-	`CREATE INDEX IF NOT EXISTS %[1]sevents_broadcast_seq ON %[1]sevents (sequence)
-		INCLUDE (topic_ord) WHERE topic IS NULL`,
+	`CREATE INDEX IF NOT EXISTS %[1]sevents_topic_seq ON %[1]sevents (topic, sequence) INCLUDE (topic_ord)`,
 	`CREATE TABLE IF NOT EXISTS %[1]shead (
 		id         int         PRIMARY KEY CHECK (id = 1),
 		seq        bigint      NOT NULL,
@@ -95,8 +99,9 @@ const (
 		RETURNING %[1]shead.seq - c.n AS seq0, %[1]shead.ord - c.n AS ord0, %[1]shead.created_at
 	), tb AS MATERIALIZED (
 		SELECT coalesce(d.topic, '') AS topic, coalesce(CASE WHEN d.topic IS NULL
-			THEN (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.sequence DESC LIMIT 1)
-			ELSE (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic = d.topic ORDER BY e.sequence DESC LIMIT 1)
+			THEN (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
+			ELSE (SELECT e.topic_ord FROM %[1]sevents e WHERE (e.topic, e.sequence) > (d.topic, 0) AND (e.topic, e.sequence) <= (d.topic, 9223372036854775807)
+				ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
 		END, 0) AS ord0
 		FROM (SELECT DISTINCT topic FROM numbered) d
 	), ins AS (
@@ -133,30 +138,32 @@ const (
 		WHERE coalesce(cardinality($1::text[]), 0) = 0 OR topic = '' OR topic = ANY($1::text[])`
 
 	// Scope reads: $1 topics, $2 cursor, $3 limit (the global forms: $1
-	// cursor, $2 limit). A topic scope is one
-	// index range scan per topic (LATERAL) and one over the broadcasts'
-	// partial index, each limited, then a sort of at most (topics+1)*limit
-	// rows. An OR, or a UNION ALL with only an outer limit, bitmap-scans
-	// everything above the cursor and sorts it; TestQueryPlans pins this.
+	// cursor, $2 limit). A topic scope is one index range scan per topic
+	// (LATERAL) and one for the broadcasts, each limited, then a sort of at
+	// most (topics+1)*limit rows. An OR, or a UNION ALL with only an outer
+	// limit, bitmap-scans everything above the cursor and sorts it;
+	// TestQueryPlans pins this.
 	qNewestGlobal = `SELECT ` + eventColumns + ` FROM %[1]sevents e
 		WHERE e.sequence > $1 ORDER BY e.sequence DESC LIMIT $2`
 	qNewestTopics = `SELECT s.* FROM (
 		SELECT x.* FROM unnest($1::text[]) AS t(topic) CROSS JOIN LATERAL (
 			SELECT ` + eventColumns + ` FROM %[1]sevents e
-			WHERE e.topic = t.topic AND e.sequence > $2 ORDER BY e.sequence DESC LIMIT $3) x
+			WHERE (e.topic, e.sequence) > (t.topic, $2) AND (e.topic, e.sequence) <= (t.topic, 9223372036854775807)
+			ORDER BY e.topic DESC, e.sequence DESC LIMIT $3) x
 		UNION ALL
 		(SELECT ` + eventColumns + ` FROM %[1]sevents e
-			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.sequence DESC LIMIT $3)
+			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.topic DESC, e.sequence DESC LIMIT $3)
 	) s ORDER BY s.sequence DESC LIMIT $3`
 	qOldestGlobal = `SELECT ` + eventColumns + ` FROM %[1]sevents e
 		WHERE e.sequence > $1 ORDER BY e.sequence LIMIT $2`
 	qOldestTopics = `SELECT s.* FROM (
 		SELECT x.* FROM unnest($1::text[]) AS t(topic) CROSS JOIN LATERAL (
 			SELECT ` + eventColumns + ` FROM %[1]sevents e
-			WHERE e.topic = t.topic AND e.sequence > $2 ORDER BY e.sequence LIMIT $3) x
+			WHERE (e.topic, e.sequence) > (t.topic, $2) AND (e.topic, e.sequence) <= (t.topic, 9223372036854775807)
+			ORDER BY e.topic, e.sequence LIMIT $3) x
 		UNION ALL
 		(SELECT ` + eventColumns + ` FROM %[1]sevents e
-			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.sequence LIMIT $3)
+			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.topic, e.sequence LIMIT $3)
 	) s ORDER BY s.sequence LIMIT $3`
 
 	// Counting: the number and the first sequence of the visible rows above
@@ -168,15 +175,17 @@ const (
 			(SELECT e.global_ord FROM %[1]sevents e ORDER BY e.sequence DESC LIMIT 1) l`
 	qCountTopics = `SELECT coalesce(sum(s.last - s.topic_ord + 1), 0), coalesce(min(s.sequence), 0) FROM (
 		SELECT f.sequence, f.topic_ord,
-			(SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic = t.topic ORDER BY e.sequence DESC LIMIT 1) AS last
+			(SELECT e.topic_ord FROM %[1]sevents e WHERE (e.topic, e.sequence) > (t.topic, 0) AND (e.topic, e.sequence) <= (t.topic, 9223372036854775807)
+				ORDER BY e.topic DESC, e.sequence DESC LIMIT 1) AS last
 		FROM unnest($1::text[]) AS t(topic) CROSS JOIN LATERAL (
 			SELECT e.sequence, e.topic_ord FROM %[1]sevents e
-			WHERE e.topic = t.topic AND e.sequence > $2 ORDER BY e.sequence LIMIT 1) f
+			WHERE (e.topic, e.sequence) > (t.topic, $2) AND (e.topic, e.sequence) <= (t.topic, 9223372036854775807)
+			ORDER BY e.topic, e.sequence LIMIT 1) f
 		UNION ALL
 		SELECT f.sequence, f.topic_ord,
-			(SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.sequence DESC LIMIT 1)
+			(SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
 		FROM (SELECT e.sequence, e.topic_ord FROM %[1]sevents e
-			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.sequence LIMIT 1) f
+			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.topic, e.sequence LIMIT 1) f
 	) s`
 
 	qBeginSnapshot = `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`
