@@ -73,9 +73,10 @@ const eventColumns = `e.sequence, e.event_id, e.type, e.topic, e.payload, e.crea
 const (
 	qLock = `SELECT 1 FROM %[1]shead WHERE id = 1 FOR UPDATE`
 
-	// $1..$4: event ids, types, topics (NULL: broadcast), payloads. Rows
-	// whose event id is stored, or appears earlier in the batch, are
-	// duplicates: they take no sequence and return the stored original.
+	// $1..$4: event ids (distinct: Append drops repeats within the batch),
+	// types, topics (NULL: broadcast), payloads. Rows whose event id is
+	// stored are duplicates: they take no sequence and return the stored
+	// original; a new row returns only its sequence and created_at.
 	// Every lookup is an index probe per row or per topic (a scalar
 	// subquery, a MATERIALIZED CTE, a LATERAL with LIMIT), whatever the
 	// table's size: a hash join would scan the whole log, and a lookup
@@ -85,11 +86,9 @@ const (
 		SELECT u.i, u.event_id, u.type, u.topic, u.payload,
 			(SELECT e.sequence FROM %[1]sevents e WHERE e.event_id = u.event_id) AS stored
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS u(event_id, type, topic, payload, i)
-	), fresh AS (
-		SELECT DISTINCT ON (b.event_id) b.* FROM b WHERE b.stored IS NULL ORDER BY b.event_id, b.i
 	), numbered AS (
-		SELECT f.*, row_number() OVER (ORDER BY f.i) AS g, row_number() OVER (PARTITION BY f.topic ORDER BY f.i) AS t
-		FROM fresh f
+		SELECT b.*, row_number() OVER (ORDER BY b.i) AS g, row_number() OVER (PARTITION BY b.topic ORDER BY b.i) AS t
+		FROM b WHERE b.stored IS NULL
 	), c AS (
 		SELECT count(*) AS n FROM numbered
 	), h AS (
@@ -108,14 +107,11 @@ const (
 		INSERT INTO %[1]sevents (sequence, event_id, type, topic, payload, created_at, topic_ord, global_ord)
 		SELECT h.seq0 + n.g, n.event_id, n.type, n.topic, n.payload, h.created_at, tb.ord0 + n.t, h.ord0 + n.g
 		FROM numbered n CROSS JOIN h JOIN tb ON tb.topic = coalesce(n.topic, '')
-		RETURNING sequence, event_id, type, topic, payload, created_at
+		RETURNING sequence, event_id, created_at
 	)
-	SELECT coalesce(ins.sequence, e.sequence), coalesce(ins.event_id, e.event_id), coalesce(ins.type, e.type),
-		CASE WHEN ins.sequence IS NULL THEN e.topic ELSE ins.topic END,
-		coalesce(ins.payload, e.payload), coalesce(ins.created_at, e.created_at),
-		n.i IS DISTINCT FROM b.i
+	SELECT b.stored IS NOT NULL, coalesce(ins.sequence, e.sequence), coalesce(ins.created_at, e.created_at),
+		e.event_id, e.type, e.topic, e.payload
 	FROM b
-	LEFT JOIN numbered n ON n.event_id = b.event_id
 	LEFT JOIN ins ON ins.event_id = b.event_id
 	LEFT JOIN LATERAL (
 		SELECT ` + eventColumns + ` FROM %[1]sevents e WHERE e.sequence = b.stored LIMIT 1

@@ -111,6 +111,12 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: open: %w", err)
 	}
+	// Every query's plan is fixed by its text (see sql.go): plan once per
+	// connection, not once per call. Planning the append statement costs
+	// about as much as running it for one event.
+	if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
+		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: open: %w", err)
@@ -239,6 +245,8 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 		idx                  []int // res index of each row sent
 		ids, types, payloads []string
 		topics               []*string
+		first                = map[string]int{} // event id → res index of its first valid occurrence
+		repeats              []int              // res indexes of later occurrences
 	)
 	for i, ev := range evs {
 		res[i].Event = ev
@@ -246,6 +254,11 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 			res[i].Err = err
 			continue
 		}
+		if _, ok := first[ev.EventID]; ok {
+			repeats = append(repeats, i)
+			continue
+		}
+		first[ev.EventID] = i
 		idx = append(idx, i)
 		ids = append(ids, ev.EventID)
 		types = append(types, ev.Type)
@@ -272,19 +285,32 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 		if err != nil {
 			return err
 		}
+		defer rows.Close()
 		n := 0
 		for rows.Next() {
 			if n == len(idx) {
-				rows.Close()
 				return errors.New("more rows than events")
 			}
 			r := &res[idx[n]]
-			var dup bool
-			if r.Event, err = scanEvent(rows, &dup); err != nil {
-				rows.Close()
+			var (
+				stored                  replayd.Event
+				id, typ, topic, payload *string
+			)
+			if err := rows.Scan(&r.Duplicate, &stored.Sequence, &stored.CreatedAt, &id, &typ, &topic, &payload); err != nil {
 				return err
 			}
-			r.Duplicate = dup
+			if r.Duplicate {
+				if id == nil || typ == nil || payload == nil {
+					return fmt.Errorf("duplicate of event id %q vanished", r.Event.EventID)
+				}
+				stored.EventID, stored.Type, stored.Payload = *id, *typ, []byte(*payload)
+				if topic != nil {
+					stored.Topic = *topic
+				}
+				r.Event = stored
+			} else {
+				r.Event.Sequence, r.Event.CreatedAt = stored.Sequence, stored.CreatedAt
+			}
 			n++
 		}
 		if err := rows.Err(); err != nil {
@@ -293,6 +319,7 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 		if n != len(idx) {
 			return fmt.Errorf("%d rows for %d events", n, len(idx))
 		}
+		rows.Close()
 		_, err = br.Exec()
 		return err
 	}()
@@ -302,6 +329,9 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	}
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: append: %w", err)
+	}
+	for _, i := range repeats {
+		res[i].Event, res[i].Duplicate = res[first[evs[i].EventID]].Event, true
 	}
 	return res, nil
 }

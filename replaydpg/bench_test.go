@@ -1,0 +1,237 @@
+package replaydpg
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/replayd/replayd"
+)
+
+// The benchmarks compare Append with raw ceilings on the same server: a
+// single-row autocommit insert into a table of the same shape (identity
+// column, unique event id, (topic, sequence) index), one at a time, from
+// 64 goroutines, and 1,000 rows per statement. Measure with fsync on (see
+// README.md):
+//
+//	REPLAYD_PG_FSYNC=1 source .ci/pg.sh
+//	cd replaydpg && go test -run '^$' -bench . -benchtime 3s
+
+const benchPublishers = 64
+
+// rawTable creates a raw table of the log's shape and returns its name.
+func rawTable(b *testing.B, pool *pgxpool.Pool, prefix string) string {
+	b.Helper()
+	name := prefix + "raw"
+	_, err := pool.Exec(context.Background(), `CREATE TABLE `+name+` (
+		sequence   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		event_id   text NOT NULL UNIQUE,
+		type       text NOT NULL,
+		topic      text,
+		payload    text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	if err == nil {
+		_, err = pool.Exec(context.Background(), `CREATE INDEX ON `+name+` (topic, sequence)`)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return name
+}
+
+func reportRate(b *testing.B, start time.Time, events int) {
+	b.ReportMetric(float64(events)/time.Since(start).Seconds(), "events/s")
+}
+
+var benchRun atomic.Int64 // keeps event ids unique across b.N rounds
+
+func benchID(i int) string { return fmt.Sprintf("b%d-%d", benchRun.Load(), i) }
+
+// BenchmarkAppendSerial: one event per Append, one after another.
+func BenchmarkAppendSerial(b *testing.B) {
+	s, _ := openTestStore(b)
+	benchRun.Add(1)
+	ctx := context.Background()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		if _, err := s.Append(ctx, []replayd.Event{ev(benchID(i), "room", `{"n":1}`)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, start, b.N)
+}
+
+// BenchmarkRawInsertSerial: one autocommit single-row INSERT after another.
+func BenchmarkRawInsertSerial(b *testing.B) {
+	pool := testPool(b)
+	table := rawTable(b, pool, testPrefix(b))
+	benchRun.Add(1)
+	ctx := context.Background()
+	q := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		if _, err := pool.Exec(ctx, q, benchID(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, start, b.N)
+}
+
+// groupCommit is the simplest group-commit writer: publishers queue an
+// event and wait; one goroutine appends whatever is queued (up to 1,000) in
+// one Append, then answers them all. The hub's writer does the same.
+type groupCommit struct {
+	s    *Store
+	reqs chan groupReq
+	done chan struct{}
+}
+
+type groupReq struct {
+	ev    replayd.Event
+	reply chan error
+}
+
+func startGroupCommit(s *Store) *groupCommit {
+	g := &groupCommit{s: s, reqs: make(chan groupReq, 4096), done: make(chan struct{})}
+	go func() {
+		defer close(g.done)
+		for first := range g.reqs {
+			batch := []groupReq{first}
+		drain:
+			for len(batch) < 1000 {
+				select {
+				case r, ok := <-g.reqs:
+					if !ok {
+						break drain
+					}
+					batch = append(batch, r)
+				default:
+					break drain
+				}
+			}
+			evs := make([]replayd.Event, len(batch))
+			for i, r := range batch {
+				evs[i] = r.ev
+			}
+			res, err := g.s.Append(context.Background(), evs)
+			for i, r := range batch {
+				switch {
+				case err != nil:
+					r.reply <- err
+				default:
+					r.reply <- res[i].Err
+				}
+			}
+		}
+	}()
+	return g
+}
+
+func (g *groupCommit) publish(ev replayd.Event) error {
+	reply := make(chan error, 1)
+	g.reqs <- groupReq{ev, reply}
+	return <-reply
+}
+
+func (g *groupCommit) stop() {
+	close(g.reqs)
+	<-g.done
+}
+
+// parallel runs n operations spread over benchPublishers goroutines.
+func parallel(b *testing.B, n int, op func(i int) error) {
+	b.Helper()
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range benchPublishers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := op(i); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// BenchmarkAppendGroupCommit64: 64 publishers through one group-commit writer.
+func BenchmarkAppendGroupCommit64(b *testing.B) {
+	s, _ := openTestStore(b)
+	g := startGroupCommit(s)
+	defer g.stop()
+	benchRun.Add(1)
+	b.ResetTimer()
+	start := time.Now()
+	parallel(b, b.N, func(i int) error { return g.publish(ev(benchID(i), "room", `{"n":1}`)) })
+	reportRate(b, start, b.N)
+}
+
+// BenchmarkRawInsert64: 64 goroutines, each a single-row autocommit INSERT.
+func BenchmarkRawInsert64(b *testing.B) {
+	pool := testPoolDSN(b, withPoolSize(testDSN(b), benchPublishers))
+	table := rawTable(b, pool, testPrefix(b))
+	benchRun.Add(1)
+	q := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	b.ResetTimer()
+	start := time.Now()
+	parallel(b, b.N, func(i int) error {
+		_, err := pool.Exec(context.Background(), q, benchID(i))
+		return err
+	})
+	reportRate(b, start, b.N)
+}
+
+// BenchmarkRawBatch1000: 1,000 rows per autocommit INSERT ... SELECT unnest,
+// one statement after another. b.N counts rows.
+func BenchmarkRawBatch1000(b *testing.B) {
+	pool := testPool(b)
+	table := rawTable(b, pool, testPrefix(b))
+	benchRun.Add(1)
+	q := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
+		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i += 1000 {
+		ids := make([]string, 0, 1000)
+		for j := i; j < min(i+1000, b.N); j++ {
+			ids = append(ids, benchID(j))
+		}
+		if _, err := pool.Exec(context.Background(), q, ids); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, start, b.N)
+}
+
+// BenchmarkAppendBatch1000: Append with 1,000 events per call. b.N counts
+// events.
+func BenchmarkAppendBatch1000(b *testing.B) {
+	s, _ := openTestStore(b)
+	benchRun.Add(1)
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i += 1000 {
+		evs := make([]replayd.Event, 0, 1000)
+		for j := i; j < min(i+1000, b.N); j++ {
+			evs = append(evs, ev(benchID(j), "room", `{"n":1}`))
+		}
+		if _, err := s.Append(context.Background(), evs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, start, b.N)
+}
