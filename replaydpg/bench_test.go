@@ -52,8 +52,14 @@ var benchRun atomic.Int64 // keeps event ids unique across b.N rounds
 func benchID(i int) string { return fmt.Sprintf("b%d-%d", benchRun.Load(), i) }
 
 // BenchmarkAppendSerial: one event per Append, one after another.
-func BenchmarkAppendSerial(b *testing.B) {
+func BenchmarkAppendSerial(b *testing.B) { benchAppendSerial(b, false) }
+
+// BenchmarkAppendSerialNoNotify: the same without the NOTIFY, to price it.
+func BenchmarkAppendSerialNoNotify(b *testing.B) { benchAppendSerial(b, true) }
+
+func benchAppendSerial(b *testing.B, noNotify bool) {
 	s, _ := openTestStore(b)
+	s.noNotify = noNotify
 	benchRun.Add(1)
 	ctx := context.Background()
 	b.ResetTimer()
@@ -169,8 +175,14 @@ func parallel(b *testing.B, n int, op func(i int) error) {
 }
 
 // BenchmarkAppendGroupCommit64: 64 publishers through one group-commit writer.
-func BenchmarkAppendGroupCommit64(b *testing.B) {
+func BenchmarkAppendGroupCommit64(b *testing.B) { benchGroupCommit(b, false) }
+
+// BenchmarkAppendGroupCommit64NoNotify: the same without the NOTIFY.
+func BenchmarkAppendGroupCommit64NoNotify(b *testing.B) { benchGroupCommit(b, true) }
+
+func benchGroupCommit(b *testing.B, noNotify bool) {
 	s, _ := openTestStore(b)
+	s.noNotify = noNotify
 	g := startGroupCommit(s)
 	defer g.stop()
 	benchRun.Add(1)
