@@ -247,3 +247,82 @@ func BenchmarkAppendBatch1000(b *testing.B) {
 	}
 	reportRate(b, start, b.N)
 }
+
+// The machine these run on is shared, and fsync latency swings by 10× from
+// one second to the next. The paired benchmarks interleave the contenders
+// in short rounds so each ratio compares like with like.
+
+// BenchmarkPairedSerial alternates one Append and one raw insert, b.N times
+// each, and reports each one's rate and Append's share of the raw rate.
+func BenchmarkPairedSerial(b *testing.B) {
+	s, prefix := openTestStore(b)
+	pool := testPool(b)
+	table := rawTable(b, pool, prefix)
+	benchRun.Add(1)
+	ctx := context.Background()
+	q := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	var tAppend, tRaw time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if _, err := s.Append(ctx, []replayd.Event{ev(benchID(i), "room", `{"n":1}`)}); err != nil {
+			b.Fatal(err)
+		}
+		tAppend += time.Since(start)
+		start = time.Now()
+		if _, err := pool.Exec(ctx, q, benchID(i)); err != nil {
+			b.Fatal(err)
+		}
+		tRaw += time.Since(start)
+	}
+	b.ReportMetric(float64(b.N)/tAppend.Seconds(), "append/s")
+	b.ReportMetric(float64(b.N)/tRaw.Seconds(), "raw/s")
+	b.ReportMetric(tRaw.Seconds()/tAppend.Seconds(), "append/raw")
+}
+
+// BenchmarkPaired64 runs rounds of 2,000 events each way: 64 publishers
+// through a group-commit writer, 64 raw single-row inserts, and raw
+// 1,000-row statements, and reports each one's rate over all rounds and
+// the group commit's ratio to the other two. b.N counts rounds.
+func BenchmarkPaired64(b *testing.B) {
+	s, prefix := openTestStore(b)
+	pool := testPoolDSN(b, withPoolSize(testDSN(b), benchPublishers))
+	table := rawTable(b, pool, prefix)
+	g := startGroupCommit(s)
+	defer g.stop()
+	const round = 2000
+	single := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	batch := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
+		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	var tGroup, tRaw, tBatch time.Duration
+	b.ResetTimer()
+	for r := range b.N {
+		id := func(kind string, i int) string { return fmt.Sprintf("%s%d-%d", kind, r, i) }
+		start := time.Now()
+		parallel(b, round, func(i int) error { return g.publish(ev(id("g", i), "room", `{"n":1}`)) })
+		tGroup += time.Since(start)
+		start = time.Now()
+		parallel(b, round, func(i int) error {
+			_, err := pool.Exec(context.Background(), single, id("r", i))
+			return err
+		})
+		tRaw += time.Since(start)
+		start = time.Now()
+		for i := 0; i < round; i += 1000 {
+			ids := make([]string, 1000)
+			for j := range ids {
+				ids[j] = id("b", i+j)
+			}
+			if _, err := pool.Exec(context.Background(), batch, ids); err != nil {
+				b.Fatal(err)
+			}
+		}
+		tBatch += time.Since(start)
+	}
+	n := float64(b.N * round)
+	b.ReportMetric(n/tGroup.Seconds(), "group/s")
+	b.ReportMetric(n/tRaw.Seconds(), "raw64/s")
+	b.ReportMetric(n/tBatch.Seconds(), "batch1000/s")
+	b.ReportMetric(tRaw.Seconds()/tGroup.Seconds(), "group/raw64")
+	b.ReportMetric(tBatch.Seconds()/tGroup.Seconds(), "group/batch1000")
+}

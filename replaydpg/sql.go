@@ -74,7 +74,8 @@ const (
 	qLock = `SELECT 1 FROM %[1]shead WHERE id = 1 FOR UPDATE`
 
 	// $1..$4: event ids (distinct: Append drops repeats within the batch),
-	// types, topics (NULL: broadcast), payloads. Rows whose event id is
+	// types, topics (NULL: broadcast), payloads; $5 the NOTIFY channel (''
+	// for none), notified once with the new head, delivered at commit. Rows whose event id is
 	// stored are duplicates: they take no sequence and return the stored
 	// original; a new row returns only its sequence and created_at.
 	// Every lookup is an index probe per row or per topic (a scalar
@@ -108,6 +109,8 @@ const (
 		SELECT h.seq0 + n.g, n.event_id, n.type, n.topic, n.payload, h.created_at, tb.ord0 + n.t, h.ord0 + n.g
 		FROM numbered n CROSS JOIN h JOIN tb ON tb.topic = coalesce(n.topic, '')
 		RETURNING sequence, event_id, created_at
+	), nt AS (
+		SELECT pg_notify($5, (h.seq0 + c.n)::text) FROM h, c WHERE c.n > 0 AND $5::text <> ''
 	)
 	SELECT b.stored IS NOT NULL, coalesce(ins.sequence, e.sequence), coalesce(ins.created_at, e.created_at),
 		e.event_id, e.type, e.topic, e.payload
@@ -116,10 +119,8 @@ const (
 	LEFT JOIN LATERAL (
 		SELECT ` + eventColumns + ` FROM %[1]sevents e WHERE e.sequence = b.stored LIMIT 1
 	) e ON true
+	CROSS JOIN (SELECT count(*) FROM nt) notified
 	ORDER BY b.i`
-
-	// qNotify wakes every listener once per batch, at commit, with the head.
-	qNotify = `SELECT pg_notify($1, seq::text) FROM %[1]shead WHERE id = 1`
 )
 
 // Reads.

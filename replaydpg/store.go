@@ -20,7 +20,12 @@
 //     NUL are refused with replayd.ErrInvalid: PostgreSQL's text refuses them.
 //   - The listener behind WaitForAppend is one extra session-level connection
 //     (not from the pool; PgBouncer transaction pooling breaks LISTEN),
-//     opened on the first call.
+//     opened on the first call, named "replayd listener" in
+//     pg_stat_activity.
+//   - The pool's sessions use plan_cache_mode=force_generic_plan unless the
+//     DSN sets it: every query's plan is pinned by its text (see sql.go), so
+//     planning once per connection is safe and saves about half of a
+//     one-event Append.
 package replaydpg
 
 import (
@@ -85,15 +90,14 @@ type Store struct {
 	listenOnce sync.Once
 	listenDone chan struct{} // closed when the listener goroutine exits
 
-	mu       sync.Mutex
-	known    int64         // the highest head the listener has heard of
-	changed  chan struct{} // closed and replaced whenever known may have moved
-	closed   bool
-	closeErr error
+	mu      sync.Mutex
+	known   int64         // the highest head the listener has heard of
+	changed chan struct{} // closed and replaced whenever known may have moved
+	closed  bool
 }
 
 type queries struct {
-	lock, append, notify, head, readAfter, watermark       string
+	lock, append, head, readAfter, watermark               string
 	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
 	countGlobal, countTopics, pruneEdges, pruneBatch       string
 }
@@ -132,7 +136,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		listenDone: make(chan struct{}),
 		changed:    make(chan struct{}),
 		q: queries{
-			lock: render(qLock, p), append: render(qAppend, p), notify: render(qNotify, p),
+			lock: render(qLock, p), append: render(qAppend, p),
 			head: render(qHead, p), readAfter: render(qReadAfter, p), watermark: render(qWatermark, p),
 			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
 			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
@@ -276,10 +280,11 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	}
 	b := &pgx.Batch{}
 	b.Queue(s.q.lock)
-	b.Queue(s.q.append, ids, types, topics, payloads)
-	if !s.noNotify {
-		b.Queue(s.q.notify, s.channel)
+	channel := s.channel
+	if s.noNotify {
+		channel = ""
 	}
+	b.Queue(s.q.append, ids, types, topics, payloads, channel)
 	br := s.pool.SendBatch(ctx, b)
 	err := func() error {
 		if _, err := br.Exec(); err != nil {
@@ -323,12 +328,7 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 		if n != len(idx) {
 			return fmt.Errorf("%d rows for %d events", n, len(idx))
 		}
-		rows.Close()
-		if s.noNotify {
-			return nil
-		}
-		_, err = br.Exec()
-		return err
+		return nil
 	}()
 	// Close reads the commit's answer: only after it is the batch stored.
 	if cerr := br.Close(); err == nil {
@@ -361,14 +361,13 @@ func checkText(ev replayd.Event) error {
 	return nil
 }
 
-func scanEvent(row pgx.Rows, extra ...any) (replayd.Event, error) {
+func scanEvent(row pgx.Rows) (replayd.Event, error) {
 	var (
 		ev      replayd.Event
 		topic   *string
 		payload string
 	)
-	dst := append([]any{&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt}, extra...)
-	if err := row.Scan(dst...); err != nil {
+	if err := row.Scan(&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt); err != nil {
 		return ev, err
 	}
 	if topic != nil {

@@ -446,3 +446,32 @@ func TestListenerReconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestOneNotifyPerBatch listens on the store's channel: a batch of 100
+// events is one notification carrying the new head, a batch of only
+// duplicates none.
+func TestOneNotifyPerBatch(t *testing.T) {
+	t.Parallel()
+	s, prefix := openTestStore(t)
+	ctx := testCtx(t, 30*time.Second)
+	conn, err := testPool(t).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN "`+prefix+`events"`); err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, s, 100, []string{"a", ""}, "n")
+	mustAppend(t, s, ev("n-5", "a", `1`)) // a duplicate: nothing committed
+	mustAppend(t, s, ev("last", "a", `1`))
+	for _, want := range []string{"100", "101"} {
+		n, err := conn.Conn().WaitForNotification(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Payload != want {
+			t.Fatalf("notification %q, want %q", n.Payload, want)
+		}
+	}
+}
