@@ -191,14 +191,17 @@ const (
 // Retention.
 const (
 	// qPruneEdges: $1 MaxEvents (0: none), $2 MaxAge in microseconds (0:
-	// none). The count edge is the newest sequence that MaxEvents condemns;
-	// the age edge is taken from the server's clock, the one created_at uses.
+	// none). The count edge is the highest global ordinal that MaxEvents
+	// condemns: ordinals are contiguous over the retained rows, so it is the
+	// newest row's minus MaxEvents, one index probe however many rows are
+	// kept. The age edge is taken from the server's clock, the one created_at
+	// uses.
 	qPruneEdges = `SELECT
-		CASE WHEN $1::bigint > 0 THEN coalesce((SELECT sequence FROM %[1]sevents ORDER BY sequence DESC OFFSET $1 LIMIT 1), 0) ELSE 0 END,
+		CASE WHEN $1::bigint > 0 THEN coalesce((SELECT global_ord FROM %[1]sevents ORDER BY sequence DESC LIMIT 1), 0) - $1 ELSE 0 END,
 		CASE WHEN $2::bigint > 0 THEN clock_timestamp() - $2::bigint * interval '1 microsecond' ELSE '-infinity'::timestamptz END`
 
 	// qPruneBatch deletes, among the first $4 rows above $1, the prefix
-	// condemned by the count edge $2 or the age edge $3, and raises the
+	// condemned by the count edge $2 (a global ordinal) or the age edge $3, and raises the
 	// watermarks of their topics in the same statement (so the same
 	// transaction). The condemned rows are a prefix because created_at never
 	// decreases as the sequence grows. It returns the rows it deleted and the
@@ -208,8 +211,8 @@ const (
 	// entries a previous delete leaves until VACUUM.
 	qPruneBatch = `WITH edge AS (
 		SELECT max(b.sequence) AS through FROM (
-			SELECT e.sequence, e.created_at FROM %[1]sevents e WHERE e.sequence > $1 ORDER BY e.sequence LIMIT $4) b
-		WHERE b.sequence <= $2 OR b.created_at < $3
+			SELECT e.sequence, e.global_ord, e.created_at FROM %[1]sevents e WHERE e.sequence > $1 ORDER BY e.sequence LIMIT $4) b
+		WHERE b.global_ord <= $2 OR b.created_at < $3
 	), d AS (
 		DELETE FROM %[1]sevents e USING edge WHERE e.sequence > $1 AND e.sequence <= edge.through
 		RETURNING e.sequence, e.topic

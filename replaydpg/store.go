@@ -616,7 +616,7 @@ func (s *Store) Prune(ctx context.Context, policy replayd.RetentionPolicy) (int6
 		return 0, nil
 	}
 	var (
-		countEdge int64
+		countEdge int64              // rows with a global ordinal up to this one exceed MaxEvents
 		ageEdge   pgtype.Timestamptz // -infinity without MaxAge
 	)
 	err := s.pool.QueryRow(ctx, s.q.pruneEdges, max(policy.MaxEvents, 0), max(policy.MaxAge.Microseconds(), 0)).
