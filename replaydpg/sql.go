@@ -15,8 +15,8 @@ import "strings"
 //   - p+"head": one row holding the highest sequence ever assigned, the
 //     number of rows ever inserted, and the newest created_at. Its row lock
 //     serialises appends; it never goes backwards, whatever is deleted.
-//   - p+"watermarks": per topic (” for broadcasts), the highest sequence
-//     retention deleted.
+//   - p+"watermarks": per topic (the empty string for broadcasts), the
+//     highest sequence retention deleted.
 //
 // One index on (topic, sequence) serves every group, broadcasts (NULL)
 // included: a scope's reads are one index range scan per group, merged by
@@ -74,10 +74,11 @@ const (
 	qLock = `SELECT 1 FROM %[1]shead WHERE id = 1 FOR UPDATE`
 
 	// $1..$4: event ids (distinct: Append drops repeats within the batch),
-	// types, topics (NULL: broadcast), payloads; $5 the NOTIFY channel (''
-	// for none), notified once with the new head, delivered at commit. Rows whose event id is
-	// stored are duplicates: they take no sequence and return the stored
-	// original; a new row returns only its sequence and created_at.
+	// types, topics (NULL: broadcast), payloads; $5 the NOTIFY channel
+	// (empty: none), notified once with the new head if anything was
+	// stored, delivered at commit. Rows whose event id is stored are
+	// duplicates: they take no sequence and return the stored original; a
+	// new row returns only its sequence and created_at.
 	// Every lookup is an index probe per row or per topic (a scalar
 	// subquery, a MATERIALIZED CTE, a LATERAL with LIMIT), whatever the
 	// table's size: a hash join would scan the whole log, and a lookup

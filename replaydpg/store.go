@@ -14,8 +14,9 @@
 //   - created_at is the server's clock_timestamp() taken under the head lock,
 //     raised to the previous batch's if the clock stepped back; it has
 //     microsecond precision.
-//   - A duplicate event id takes no sequence: sequences of one store are
-//     contiguous unless a batch fails after it was sent.
+//   - A duplicate event id takes no sequence, and a failed batch rolls the
+//     head back with it, so sequences come out contiguous; nothing relies on
+//     it (SPEC §2: rules count visible rows).
 //   - Payloads, types, event ids and topics that are not valid UTF-8 or hold
 //     NUL are refused with replayd.ErrInvalid: PostgreSQL's text refuses them.
 //   - The listener behind WaitForAppend is one extra session-level connection
