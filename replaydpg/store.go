@@ -606,7 +606,7 @@ func (s *Store) Poll(ctx context.Context, topics []string, cursor int64, limit i
 // Prune deletes the events policy condemns (all but the newest MaxEvents,
 // and those created more than MaxAge ago by the server's clock, whichever
 // deletes more), oldest first, in statements of at most 1,000 rows, each of
-// which raises the prune watermark of every topic it deleted from (” for
+// which raises the prune watermark of every topic it deleted from (the empty topic for
 // broadcasts) in the same transaction. Several nodes may prune at once;
 // each counts only the rows it deleted. It returns how many rows it deleted.
 func (s *Store) Prune(ctx context.Context, policy replayd.RetentionPolicy) (int64, error) {
