@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -37,7 +38,14 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return
 	}
-	query := r.URL.Query()
+	// Not r.URL.Query(): it drops a malformed pair silently, and a dropped
+	// topic would widen the scope ("?topic=a;b" would be global).
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		h.metrics.refused(refusedBadRequest)
+		http.Error(w, "malformed query", http.StatusBadRequest)
+		return
+	}
 	topics, err := parseTopics(query, o.TopicParam, o.MaxTopics)
 	if err != nil {
 		h.metrics.refused(refusedBadRequest)
