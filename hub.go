@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -219,6 +220,10 @@ type EventHub struct {
 	pubs chan *publishReq
 
 	live live
+
+	// conns counts open SSE streams and waiting long polls, against
+	// SSEOptions.MaxConnections (see acquireSlot).
+	conns atomic.Int64
 
 	ctx    context.Context // cancelled by Close: ends tail and retention
 	cancel context.CancelFunc
