@@ -9,7 +9,7 @@ import (
 	"strconv"
 )
 
-// Request admission (§9, §10). Every SSE request, and every poll request,
+// Request admission (PROTOCOL.md, "Status codes"). Every SSE request, and every poll request,
 // passes the same checks in the same order, each cheaper than the next,
 // before it costs anything: the method (checked by each handler, whose
 // Allow header differs), the origin, the topics, the connection cap, then
@@ -110,7 +110,7 @@ func (h *EventHub) overloadDelay() (ms int64) {
 	return base + rand.Int64N(base+1)
 }
 
-// overloaded answers a request refused by the connection cap (§10). An SSE
+// overloaded answers a request refused by the connection cap. An SSE
 // request gets 200 text/event-stream holding only a retry field and a
 // comment: an EventSource reconnects by itself after that delay with its
 // Last-Event-ID, while any other status would make it give up for good. A

@@ -7,7 +7,7 @@ import (
 )
 
 // parseTopics returns the scope a request names with the param query
-// parameter (§9): its values trimmed, blanks dropped, each topic once, in
+// parameter: its values trimmed, blanks dropped, each topic once, in
 // the order first given. None left is the global scope (nil). An invalid
 // topic, or more than maxTopics distinct ones, is an error wrapping
 // ErrInvalid. The query must come from url.ParseQuery with its error
