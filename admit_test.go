@@ -582,3 +582,26 @@ func TestSSEDeniedTopicNeverVisible(t *testing.T) {
 		t.Fatalf("HeartbeatData called for %v, want only a", hbTopics)
 	}
 }
+
+// The cost of refusing a request past MaxConnections: admission and the
+// overload answer, with nothing read or subscribed.
+func BenchmarkOverloadRefusal(b *testing.B) {
+	db, _ := openTestDB(b)
+	h := newTestHub(b, db, Options{SSE: SSEOptions{MaxConnections: 1}})
+	release, ok := h.acquireSlot()
+	if !ok {
+		b.Fatal("no slot")
+	}
+	defer release()
+	handler := h.Handler()
+	req := httptest.NewRequest(http.MethodGet, "/events?topic=a&topic=b", nil)
+	req.Header.Set("Last-Event-ID", "42")
+	b.ReportAllocs()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		handler.ServeHTTP(w, req)
+		if w.Code != http.StatusOK || !strings.HasPrefix(w.Body.String(), "retry: ") {
+			b.Fatalf("answer %d %q", w.Code, w.Body.String())
+		}
+	}
+}

@@ -845,9 +845,9 @@ func browserTestOverload(t *testing.T, browser context.Context) {
 
 	// The slot frees: the page is served and resumes with nothing lost.
 	occupier.Close()
-	st := browserWaitEvents(t, tab, len(want))
+	browserWaitEvents(t, tab, len(want))
 	want = append(want, mustPublish(t, h, "room", map[string]int{"n": 4})) // live
-	st = browserWaitEvents(t, tab, len(want))
+	st := browserWaitEvents(t, tab, len(want))
 	browserAssertEvents(t, st, want)
 	if len(st.ofType("gap")) != 0 {
 		t.Fatalf("unexpected gap: %s", browserDump(st))
