@@ -83,6 +83,23 @@ func TestParseTopics(t *testing.T) {
 	}
 }
 
+// A request naming a huge number of topics is refused after MaxTopics+1 of
+// them, not after comparing every value with every other one (quadratic:
+// 200,000 values took minutes).
+func TestParseTopicsManyValues(t *testing.T) {
+	vals := make([]string, 200_000)
+	for i := range vals {
+		vals[i] = "t" + strconv.Itoa(i)
+	}
+	start := time.Now()
+	if _, err := parseTopics(url.Values{"topic": vals}, "topic", 32); err == nil {
+		t.Fatal("200,000 topics accepted")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("refusing 200,000 topics took %v", d)
+	}
+}
+
 // A query that does not parse is refused: net/url drops a malformed pair,
 // so "?topic=a;b" would otherwise be served as a global stream of every
 // topic (issue 8, item 6).
