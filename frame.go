@@ -6,7 +6,7 @@ import (
 	"strconv"
 )
 
-// SSE frames (§4.3 of the spec). Every frame ends with a blank line; field
+// SSE frames (PROTOCOL.md describes them). Every frame ends with a blank line; field
 // values never hold CR or LF, because Publish rejects them in types and the
 // data is split into one "data:" line per payload line.
 
@@ -48,11 +48,13 @@ func appendData(b, data []byte) []byte {
 	}
 }
 
-// appendRetry appends "retry: <ms>\n\n".
+// appendRetry appends the field "retry: <ms>\n", to begin the block of the
+// frame that follows: a block holding only retry reaches the applications
+// of r3labs/sse and go-sse as an empty event.
 func appendRetry(b []byte, ms int64) []byte {
 	b = append(b, "retry: "...)
 	b = strconv.AppendInt(b, ms, 10)
-	return append(b, "\n\n"...)
+	return append(b, '\n')
 }
 
 // hello is the first frame of every stream; its id is the stream's cursor.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -21,7 +22,6 @@ type sseHandler EventHub
 
 func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := (*EventHub)(sh)
-	o := &h.opts.SSE
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 	case http.MethodOptions:
@@ -32,31 +32,29 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	if !h.allowOrigin(w, r) {
-		h.metrics.refused(refusedOrigin)
-		http.Error(w, "origin not allowed", http.StatusForbidden)
+	query, topics, release, ok := h.admit(w, r, transportSSE)
+	if !ok {
 		return
 	}
-	query := r.URL.Query()
-	topics, err := parseTopics(query, o.TopicParam, o.MaxTopics)
-	if err != nil {
-		h.metrics.refused(refusedBadRequest)
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
+	defer release()
 	rawCursor := r.Header.Get("Last-Event-ID")
 	if rawCursor == "" {
 		rawCursor = query.Get("lastEventId")
 	}
-	hdr := w.Header()
-	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
-	hdr.Set("Cache-Control", "no-cache, no-transform")
-	hdr.Set("X-Accel-Buffering", "no")
+	setStreamHeaders(w)
 	if r.Method == http.MethodHead {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
 	h.serveStream(w, r, topics, rawCursor)
+}
+
+// setStreamHeaders sets the headers of an SSE response (§4.3).
+func setStreamHeaders(w http.ResponseWriter) {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
+	hdr.Set("Cache-Control", "no-cache, no-transform")
+	hdr.Set("X-Accel-Buffering", "no")
 }
 
 // allowOrigin applies the origin policy of §4.2, setting the CORS response
@@ -110,6 +108,19 @@ func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
 // write gives up.
 func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
 	o := &h.opts.SSE
+	if !canFlush(w) {
+		// Without flushing nothing reaches the client until the handler
+		// returns: a stream that can never work. Refused before anything
+		// is subscribed or read.
+		if h.noFlushLogged.CompareAndSwap(false, true) {
+			h.logger.Error("replayd: the http.ResponseWriter cannot flush: every SSE stream is refused with 500. "+
+				"A middleware's ResponseWriter must implement http.Flusher, or Unwrap() to one (see http.ResponseController)",
+				"type", fmt.Sprintf("%T", w))
+		}
+		http.Error(w, "server misconfigured: the ResponseWriter has no Flush (nor Unwrap), so events cannot be streamed",
+			http.StatusInternalServerError)
+		return
+	}
 	topic := "" // TODO(scope): several topics per stream
 	if len(topics) > 0 {
 		topic = topics[0]
@@ -126,6 +137,12 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		return
 	}
 	defer h.removeStream(s)
+	defer func() {
+		if s.wasCut() {
+			h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
+				"topics", topics, "remote", r.RemoteAddr, "maxBufferedBytes", s.max)
+		}
+	}()
 	h.clients.opened(topics)
 	defer h.clients.closed(topics)
 	h.metrics.connOpened(transportSSE)
@@ -234,6 +251,22 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	}
 }
 
+// canFlush reports whether w can flush, found out as http.ResponseController
+// does but without flushing: w, or a writer its Unwrap chain leads to,
+// implements http.Flusher or FlushError.
+func canFlush(w http.ResponseWriter) bool {
+	for {
+		switch t := w.(type) {
+		case http.Flusher, interface{ FlushError() error }:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
 // readHandshake reads what a new stream needs from the log on a goroutine
 // of its own: SQLite's code grows the stack that runs it, and a handler's
 // stack stays that size for as long as the connection is open (measured:
@@ -329,6 +362,7 @@ type stream struct {
 	spare    []*liveEvent // the drained queue, reused
 	queued   int          // bytes pushed and not yet written
 	dead     bool         // over the cap or killed: the stream must end
+	cut      bool         // killed for passing the cap
 	deadline time.Time    // the write deadline set last
 }
 
@@ -339,8 +373,12 @@ func (s *stream) push(le *liveEvent) {
 		s.mu.Unlock()
 		return
 	}
-	if s.max >= 0 && s.queued+len(le.frame) > s.max {
+	// The cap applies only once something is unsent, so a frame of any
+	// size Publish accepts always fits an empty queue. Frames are shared by
+	// every connection, so the one frame costs a connection no memory.
+	if s.max >= 0 && s.queued > 0 && s.queued+len(le.frame) > s.max {
 		s.m.slowConsumerCut()
+		s.cut = true
 		s.killLocked()
 		s.mu.Unlock()
 		return
@@ -356,6 +394,13 @@ func (s *stream) push(le *liveEvent) {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// wasCut reports whether the stream was ended for passing its cap.
+func (s *stream) wasCut() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cut
 }
 
 // take returns the queued frames; false if the stream must end.
