@@ -63,12 +63,8 @@ func (w *logWriter) close(broken bool) {
 //
 // The caller holds the hub's writeMu.
 func (l *EventLog) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
-	if l.writer == nil {
-		w, err := openLogWriter(ctx, l.db)
-		if err != nil {
-			return err
-		}
-		l.writer = w
+	if err := l.reserveWriter(ctx); err != nil {
+		return err
 	}
 	broken, err := l.writer.append(ctx, evs, dup)
 	// A pool of one connection (":memory:") cannot lend it to the writer
@@ -77,6 +73,23 @@ func (l *EventLog) appendBatch(ctx context.Context, evs []Event, dup []bool) err
 		l.releaseWriter(broken)
 	}
 	return err
+}
+
+// reserveWriter takes the writer's connection from the pool unless it
+// holds it already. New calls it, so that a publish never queues for a
+// connection behind readers; appendBatch calls it again after a broken
+// connection was dropped, or on a pool of one, which the writer cannot keep.
+// The caller holds the hub's writeMu.
+func (l *EventLog) reserveWriter(ctx context.Context) error {
+	if l.writer != nil {
+		return nil
+	}
+	w, err := openLogWriter(ctx, l.db)
+	if err != nil {
+		return err
+	}
+	l.writer = w
+	return nil
 }
 
 // close releases what the log holds open for appends. The caller holds the

@@ -123,4 +123,10 @@
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
 //     Total and Snapshot; a topic seen once stays in Snapshot and Stats with
 //     0 clients.
+//   - The hub takes its writer's connection from the pool in New and keeps
+//     it (except on a pool of one, ":memory:", where it is lent per batch).
+//     SSE log reads (handshakes and replay pages) run at most pool size
+//     minus two at a time (at least one; 8 on an unlimited pool), so a storm
+//     of connecting clients queues for that limit and leaves a connection
+//     free for the live catch-up and the tail.
 package replayd

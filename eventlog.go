@@ -99,6 +99,10 @@ const pruneBatch = 1000
 type EventLog struct {
 	db     *sql.DB
 	writer *logWriter // appendBatch's connection; guarded by the hub's writeMu
+
+	// testHookHandshake, if set, runs inside readHandshake's read
+	// transaction, holding its pooled connection.
+	testHookHandshake func()
 }
 
 // querier is what both *sql.DB and *sql.Tx offer for reads.
@@ -276,6 +280,9 @@ func (l *EventLog) readHandshake(ctx context.Context, topic string, cursor int64
 	}()
 	if hs.head, err = l.head(ctx, tx); err != nil || cursor < 0 || cursor >= hs.head {
 		return hs, err
+	}
+	if l.testHookHandshake != nil {
+		l.testHookHandshake()
 	}
 	if limit > 0 {
 		if hs.replay, err = l.replayLatest(ctx, tx, topic, cursor, hs.head, limit); err != nil {

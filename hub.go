@@ -220,6 +220,12 @@ type EventHub struct {
 
 	live live
 
+	// handshakes holds a slot for every SSE log read in progress (handshake
+	// and replay pages): fewer than the pool's connections, so a storm of
+	// connecting clients queues here and leaves the writer's connection and
+	// one for the live catch-up free.
+	handshakes chan struct{}
+
 	ctx    context.Context // cancelled by Close: ends tail and retention
 	cancel context.CancelFunc
 	done   chan struct{} // closed by Close
@@ -265,6 +271,17 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 	if h.live.pos, err = h.store.latestSequence(ctx); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
+	// The writer's connection is taken now, before any reader can queue
+	// for the pool, and kept (§2: a publish is never slowed by SSE clients).
+	if db.Stats().MaxOpenConnections != 1 {
+		h.writeMu.Lock()
+		err = log.reserveWriter(ctx)
+		h.writeMu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("replayd: new: %w", err)
+		}
+	}
+	h.handshakes = make(chan struct{}, handshakeSlots(db.Stats().MaxOpenConnections))
 	h.live.init()
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.wg.Add(1)

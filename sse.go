@@ -147,7 +147,10 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	ctx := r.Context()
 	hs, err := h.readHandshake(ctx, topic, readFrom)
 	if err != nil {
-		if ctx.Err() == nil {
+		switch {
+		case errors.Is(err, ErrClosed):
+			endEarly(w, "server is shutting down")
+		case ctx.Err() == nil:
 			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "err", err)
 			endEarly(w, "event log unavailable")
 		}
@@ -239,6 +242,13 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 // stack stays that size for as long as the connection is open (measured:
 // 38.5 against 30.6 KiB per idle connection).
 func (h *EventHub) readHandshake(ctx context.Context, topic string, cursor int64) (hs handshake, err error) {
+	if !h.acquireRead(ctx) {
+		if ctx.Err() != nil {
+			return hs, ctx.Err()
+		}
+		return hs, ErrClosed
+	}
+	defer h.releaseRead()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -446,3 +456,29 @@ func (s *stream) killLocked() {
 	default:
 	}
 }
+
+// handshakeSlots is how many SSE log reads may run at once on a pool of
+// poolSize connections (0: unlimited): two fewer than the pool, one
+// reserved by the writer and one left for the live catch-up and the tail,
+// and at least one. A pool of one (":memory:") serialises everything
+// anyway; one slot keeps at most one handshake ahead of a publish there.
+func handshakeSlots(poolSize int) int {
+	if poolSize <= 0 {
+		return 8
+	}
+	return max(poolSize-2, 1)
+}
+
+// acquireRead takes a handshake slot; false if ctx ends or the hub closes
+// first. Release it with releaseRead.
+func (h *EventHub) acquireRead(ctx context.Context) bool {
+	select {
+	case h.handshakes <- struct{}{}:
+		return true
+	case <-ctx.Done():
+	case <-h.done:
+	}
+	return false
+}
+
+func (h *EventHub) releaseRead() { <-h.handshakes }
