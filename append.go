@@ -3,6 +3,7 @@ package replayd
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -12,8 +13,9 @@ import (
 // them again for every commit cost about a third of a one-row publish. Only
 // the writer goroutine uses it, under the hub's writeMu.
 type logWriter struct {
-	conn                                                    *sql.Conn
-	begin, commit, rollback, lastCreatedAt, insert, byEvent *sql.Stmt
+	conn                                     *sql.Conn
+	begin, commit, rollback, insert, byEvent *sql.Stmt
+	lastRow, lastTopicOrd, lastBroadcastOrd  *sql.Stmt
 }
 
 func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
@@ -29,7 +31,9 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 		{&w.begin, "BEGIN IMMEDIATE"},
 		{&w.commit, "COMMIT"},
 		{&w.rollback, "ROLLBACK"},
-		{&w.lastCreatedAt, qLastCreatedAt},
+		{&w.lastRow, qLastRow},
+		{&w.lastTopicOrd, qLastTopicOrdinal},
+		{&w.lastBroadcastOrd, qLastBroadcastOrd},
 		{&w.insert, qInsert},
 		{&w.byEvent, qByEventID},
 	} {
@@ -44,7 +48,7 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 // close releases the statements and gives the connection back to the pool,
 // or makes the pool drop it if it may be stuck inside a transaction.
 func (w *logWriter) close(broken bool) {
-	for _, s := range []*sql.Stmt{w.begin, w.commit, w.rollback, w.lastCreatedAt, w.insert, w.byEvent} {
+	for _, s := range []*sql.Stmt{w.begin, w.commit, w.rollback, w.lastRow, w.lastTopicOrd, w.lastBroadcastOrd, w.insert, w.byEvent} {
 		if s != nil {
 			s.Close()
 		}
@@ -122,15 +126,41 @@ func (w *logWriter) append(ctx context.Context, evs []Event, dup []bool) (broken
 	return rerr != nil, err
 }
 
+// insertRows numbers the rows it inserts (see span): ordinal follows the
+// newest row's, topic_ordinal the newest row's of the same topic. While the
+// newest row has no ordinal (an earlier version's rows not yet numbered by
+// backfillOrdinals), it leaves its rows unnumbered too, so that unnumbered
+// rows stay a suffix of the log.
 func (w *logWriter) insertRows(ctx context.Context, evs []Event, dup []bool) error {
-	var last int64
-	if err := w.lastCreatedAt.QueryRowContext(ctx).Scan(&last); err != nil {
+	var (
+		last    int64
+		lastOrd sql.NullInt64
+	)
+	err := w.lastRow.QueryRowContext(ctx).Scan(&last, &lastOrd)
+	empty := errors.Is(err, sql.ErrNoRows)
+	if err != nil && !empty {
 		return err
 	}
+	numbered := empty || lastOrd.Valid
+	ord := lastOrd.Int64
+	var tords map[string]int64 // topic ("" = broadcasts) -> its last ordinal
 	now := max(time.Now().UnixMilli(), last)
 	for i := range evs {
 		ev := &evs[i]
-		res, err := w.insert.ExecContext(ctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), now)
+		var ordArg, tordArg any
+		if numbered {
+			if tords == nil {
+				tords = make(map[string]int64, 1)
+			}
+			tord, ok := tords[ev.Topic]
+			if !ok {
+				if tord, err = w.lastTopicOrdinal(ctx, ev.Topic); err != nil {
+					return err
+				}
+			}
+			ordArg, tordArg = ord+1, tord+1
+		}
+		res, err := w.insert.ExecContext(ctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), now, ordArg, tordArg)
 		if err != nil {
 			return err
 		}
@@ -147,7 +177,26 @@ func (w *logWriter) insertRows(ctx context.Context, evs []Event, dup []bool) err
 		if ev.Sequence, err = res.LastInsertId(); err != nil {
 			return err
 		}
+		if numbered {
+			ord, tords[ev.Topic] = ordArg.(int64), tordArg.(int64)
+		}
 		ev.CreatedAt = time.UnixMilli(now)
 	}
 	return nil
+}
+
+// lastTopicOrdinal returns the topic ordinal of topic's newest row, 0 if
+// it has none.
+func (w *logWriter) lastTopicOrdinal(ctx context.Context, topic string) (int64, error) {
+	var o sql.NullInt64
+	var err error
+	if topic == "" {
+		err = w.lastBroadcastOrd.QueryRowContext(ctx).Scan(&o)
+	} else {
+		err = w.lastTopicOrd.QueryRowContext(ctx, topic).Scan(&o)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return o.Int64, err
 }

@@ -184,7 +184,7 @@ type store interface {
 	readAfter(ctx context.Context, after int64, limit int) ([]Event, error)
 	// pruneWatermark is the highest sequence retention has deleted, any topic.
 	pruneWatermark(ctx context.Context) (int64, error)
-	readHandshake(ctx context.Context, topic string, cursor int64, limit int) (handshake, error)
+	readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (handshake, error)
 	// prune applies policy; lock is held around each write transaction.
 	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
 	// close releases what appendBatch holds open; called under writeMu.
@@ -193,10 +193,10 @@ type store interface {
 
 func (l *EventLog) latestSequence(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
 func (l *EventLog) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
-	return l.replay(ctx, l.db, "", after, limit)
+	return l.replay(ctx, l.db, nil, after, maxSequence, limit)
 }
 func (l *EventLog) pruneWatermark(ctx context.Context) (int64, error) {
-	return l.watermark(ctx, l.db, "")
+	return l.watermark(ctx, l.db, nil)
 }
 
 // EventHub publishes events to the log and streams them to SSE clients and
