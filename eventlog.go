@@ -551,15 +551,17 @@ func (l *EventLog) watermark(ctx context.Context, q querier, topics []string) (i
 // agree with each other and with head.
 type handshake struct {
 	head      int64
-	replay    []Event // W: the newest window above the cursor, ascending
-	skipped   span    // M: visible events above the cursor older than W
-	watermark int64   // P
+	from      int64 // W, the replay window: the scope's events in [from, head]
+	skipped   span  // M: visible events above the cursor older than W
+	watermark int64 // P
 }
 
 // readHandshake reads, in one read transaction, the head and, when cursor is
-// below it, the replay window of at most limit events above cursor, the
-// skipped events below that window, and the prune watermark. A negative
-// cursor means a fresh client: only the head is read.
+// below it, where the replay window of at most limit events above cursor
+// starts, the skipped events below that window, and the prune watermark. A
+// negative cursor means a fresh client: only the head is read. It reads
+// index entries only, never a payload: the window itself is read page by
+// page afterwards (see readPage).
 func (l *EventLog) readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (hs handshake, err error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -576,20 +578,58 @@ func (l *EventLog) readHandshake(ctx context.Context, topics []string, cursor in
 	if l.testHookHandshake != nil {
 		l.testHookHandshake()
 	}
+	hs.from = hs.head + 1
 	if limit > 0 {
-		if hs.replay, err = l.replayLatest(ctx, tx, topics, cursor, hs.head, limit); err != nil {
+		start, err := l.windowStart(ctx, tx, topics, cursor, hs.head, limit)
+		if err != nil {
 			return hs, err
 		}
+		hs.from = cursor + 1 // fewer than limit events: all of them
+		if start > 0 {
+			hs.from = start
+		}
 	}
-	before := hs.head + 1
-	if len(hs.replay) > 0 {
-		before = hs.replay[0].Sequence
-	}
-	if hs.skipped, err = l.span(ctx, tx, topics, cursor, before); err != nil {
+	if hs.skipped, err = l.span(ctx, tx, topics, cursor, hs.from); err != nil {
 		return hs, err
 	}
-	hs.watermark, err = l.watermark(ctx, tx, topics)
-	return hs, err
+	if hs.watermark, err = l.watermark(ctx, tx, topics); err != nil {
+		return hs, err
+	}
+	// Every event of the scope at or below the watermark is gone: W starts
+	// above it (a window of fewer than limit events starts at cursor+1).
+	hs.from = max(hs.from, hs.watermark+1)
+	return hs, nil
+}
+
+// readPage returns the oldest events of scope in (after, through], at most
+// maxEvents of them and no more once they hold maxBytes of payload (at least
+// one), and the scope's prune watermark read after them. Rows at or below
+// a head once read are never inserted later, only pruned, and retention
+// deletes a prefix of the log and raises the watermark in the same
+// transaction: so if the watermark is not above after, no event of the
+// scope in (after, through] was missing when the page was read, and the
+// page is every such event up to its last.
+func (l *EventLog) readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) (evs []Event, mark int64, err error) {
+	rows, err := l.db.QueryContext(ctx, scopeQuery(kindReplay, len(topics)), scopeArgs(topics, after, through, maxEvents)...)
+	if err != nil {
+		return nil, 0, err
+	}
+	size := 0
+	for size < maxBytes && rows.Next() {
+		ev, err := scanEvent(rows)
+		if err != nil {
+			rows.Close()
+			return nil, 0, err
+		}
+		evs = append(evs, ev)
+		size += len(ev.Payload)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	mark, err = l.watermark(ctx, l.db, topics)
+	return evs, mark, err
 }
 
 func scanEvents(rows *sql.Rows, err error) ([]Event, error) {

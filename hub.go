@@ -185,6 +185,8 @@ type store interface {
 	// pruneWatermark is the highest sequence retention has deleted, any topic.
 	pruneWatermark(ctx context.Context) (int64, error)
 	readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (handshake, error)
+	// readPage reads a page of a replay and the scope's watermark after it.
+	readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) ([]Event, int64, error)
 	// prune applies policy; lock is held around each write transaction.
 	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
 	// close releases what appendBatch holds open; called under writeMu.
@@ -239,6 +241,9 @@ type EventHub struct {
 	// Test hooks, run by the SSE handler if set: after subscribing and
 	// before reading the log, and between the replay and going live.
 	testHookAfterSubscribe, testHookBeforeLive func()
+	// testHookReplayPage runs after each replay page is written, with the
+	// last sequence written.
+	testHookReplayPage func(last int64)
 }
 
 // New returns a hub over db, creating the schema if it is missing. The hub

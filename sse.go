@@ -160,7 +160,6 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	if g != nil {
 		h.metrics.gap(g.Reason)
 	}
-	h.metrics.replayed(transportSSE, len(hs.replay))
 	if readFrom < 0 || cursor > hs.head {
 		cursor = hs.head // fresh, or treated as fresh
 	}
@@ -177,11 +176,11 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		if g != nil {
 			b = appendFrame(b, o.GapEventType, mustJSON(g))
 		}
-		for _, ev := range hs.replay {
-			b = appendEventFrame(b, ev)
-		}
 		return b
 	}) {
+		return
+	}
+	if cursor < hs.head && !h.replay(ctx, w, s, topics, hs) {
 		return
 	}
 	if h.testHookBeforeLive != nil {
@@ -235,6 +234,58 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 			return
 		}
 	}
+}
+
+// Replay pages: a replay is read and written a page at a time, so a
+// connection in replay holds one page (or one event larger than that) on
+// top of its live queue.
+const (
+	replayPageEvents = 64
+	replayPageBytes  = 64 << 10
+)
+
+// replay writes the window W of hs, the scope's events in [hs.from,
+// hs.head], page by page, each read under a handshake slot and written
+// under the usual write deadline. If retention pruned anything of the
+// scope above the last event written, the page just read may lack rows:
+// the stream ends instead, and the client's reconnect gets a pruned gap.
+// false if the stream must end.
+func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs handshake) bool {
+	for after := hs.from - 1; after < hs.head; {
+		if !h.acquireRead(ctx) {
+			return false
+		}
+		page, mark, err := h.store.readPage(ctx, topics, after, hs.head, replayPageEvents, replayPageBytes)
+		h.releaseRead()
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)
+			}
+			return false
+		case mark > after:
+			h.logger.Warn("replayd: rows pruned during a replay; ending the stream so it resumes with a gap",
+				"topics", topics, "after", after, "watermark", mark)
+			return false
+		case len(page) == 0:
+			return true
+		}
+		h.metrics.replayed(transportSSE, len(page))
+		ok := s.send(w, func(b []byte) []byte {
+			for _, ev := range page {
+				b = appendEventFrame(b, ev)
+			}
+			return b
+		})
+		if !ok {
+			return false
+		}
+		after = page[len(page)-1].Sequence
+		if h.testHookReplayPage != nil {
+			h.testHookReplayPage(after)
+		}
+	}
+	return true
 }
 
 // readHandshake reads what a new stream needs from the log on a goroutine
