@@ -492,10 +492,14 @@ func BenchmarkDispatch(b *testing.B) {
 		name   string
 		topics int    // streams are spread over this many topics; 0: callbacks
 		topic  string // the event's topic
+		per    int    // topics each stream holds (default 1)
 	}{
-		{"streams/one-topic", 1, "topic-00"},
-		{"streams/broadcast-100-topics", 100, ""},
-		{"funcs", 0, "topic-00"},
+		{"streams/one-topic", 1, "topic-00", 1},
+		{"streams/broadcast-100-topics", 100, "", 1},
+		// Each stream holds 4 of 100 topics; every stream holds topic-00.
+		{"streams/4-topics-each/topic-event", 100, "topic-00", 4},
+		{"streams/4-topics-each/broadcast", 100, "", 4},
+		{"funcs", 0, "topic-00", 1},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -508,7 +512,14 @@ func BenchmarkDispatch(b *testing.B) {
 					defer l.subscribeFunc(func(Event) { calls.Add(1) })()
 					continue
 				}
-				s := &stream{topic: fmt.Sprintf("topic-%02d", i%c.topics), max: -1, wake: make(chan struct{}, 1)}
+				topics := []string{fmt.Sprintf("topic-%02d", i%c.topics)}
+				if c.per > 1 {
+					topics = []string{"topic-00"}
+					for k := 1; k < c.per; k++ {
+						topics = append(topics, fmt.Sprintf("topic-%02d", 1+(i*(c.per-1)+k)%(c.topics-1)))
+					}
+				}
+				s := &stream{m: new(metrics), topics: topics, max: -1, wake: make(chan struct{}, 1)}
 				l.addStream(s)
 				streams = append(streams, s)
 			}

@@ -68,7 +68,7 @@ type SSEOptions struct {
 	// Default 15s; negative: no heartbeats.
 	HeartbeatInterval time.Duration
 	// HeartbeatData, if set, is called for each heartbeat with the
-	// connection's topic ("" for a global connection). An object it returns
+	// connection's topic when it has exactly one, else "". An object it returns
 	// is merged into the heartbeat's data; any other non-nil value is sent
 	// under "data".
 	HeartbeatData func(topic string) any

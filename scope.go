@@ -21,10 +21,6 @@ func parseTopics(query url.Values, param string, maxTopics int) ([]string, error
 		}
 		topics = append(topics, t)
 	}
-	if len(topics) > 1 {
-		// TODO(scope): several topics per stream.
-		return nil, invalidf("several topics per connection are not supported yet")
-	}
 	if len(topics) > maxTopics {
 		return nil, invalidf("more than %d topics", maxTopics)
 	}

@@ -110,13 +110,13 @@ func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
 // write gives up.
 func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
 	o := &h.opts.SSE
-	topic := "" // TODO(scope): several topics per stream
-	if len(topics) > 0 {
+	topic := "" // the single topic, for the hello and HeartbeatData
+	if len(topics) == 1 {
 		topic = topics[0]
 	}
 	s := &stream{
-		m:     &h.metrics,
-		topic: topic,
+		m:      &h.metrics,
+		topics: topics,
 		rc:    http.NewResponseController(w),
 		max:   o.MaxBufferedBytes,
 		wake:  make(chan struct{}, 1),
@@ -151,7 +151,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		case errors.Is(err, ErrClosed):
 			endEarly(w, "server is shutting down")
 		case ctx.Err() == nil:
-			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "err", err)
+			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "err", err)
 			endEarly(w, "event log unavailable")
 		}
 		return
@@ -164,7 +164,10 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		cursor = hs.head // fresh, or treated as fresh
 	}
 
-	hi := hello{Cursor: cursor, Head: hs.head}
+	hi := hello{Topics: topics, Cursor: cursor, Head: hs.head}
+	if hi.Topics == nil {
+		hi.Topics = []string{}
+	}
 	if topic != "" {
 		hi.Topic = &topic
 	}
@@ -379,9 +382,15 @@ func (h *EventHub) removeStream(s *stream) {
 // it without ever waiting; the handler goroutine drains it into one write
 // and one flush.
 type stream struct {
-	m     *metrics
-	topic string
-	rc    *http.ResponseController
+	m      *metrics
+	topics []string // the scope; none: global
+	rc     *http.ResponseController
+
+	// lastPushed is the sequence pushed last, so that an event matching
+	// several of the stream's subscriptions is queued once. Guarded by the
+	// hub's live.subsMu.
+	lastPushed int64
+
 	max   int           // cap on queued bytes; negative: none
 	wake  chan struct{} // signalled when the queue gains frames or s dies
 
