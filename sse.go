@@ -117,9 +117,9 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	s := &stream{
 		m:      &h.metrics,
 		topics: topics,
-		rc:    http.NewResponseController(w),
-		max:   o.MaxBufferedBytes,
-		wake:  make(chan struct{}, 1),
+		rc:     http.NewResponseController(w),
+		max:    o.MaxBufferedBytes,
+		wake:   make(chan struct{}, 1),
 	}
 	if !h.addStream(s) {
 		endEarly(w, "server is shutting down")
@@ -391,8 +391,8 @@ type stream struct {
 	// hub's live.subsMu.
 	lastPushed int64
 
-	max   int           // cap on queued bytes; negative: none
-	wake  chan struct{} // signalled when the queue gains frames or s dies
+	max  int           // cap on queued bytes; negative: none
+	wake chan struct{} // signalled when the queue gains frames or s dies
 
 	mu       sync.Mutex // guards the fields below
 	queue    []*liveEvent
