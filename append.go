@@ -16,6 +16,14 @@ type logWriter struct {
 	conn                                     *sql.Conn
 	begin, commit, rollback, insert, byEvent *sql.Stmt
 	lastRow, lastTopicOrd, lastBroadcastOrd  *sql.Stmt
+
+	// tords caches, by topic ("" = broadcasts), the topic ordinal of the
+	// topic's newest row, valid while the log's newest row is still newest,
+	// the one this writer wrote last: no other process has appended since.
+	// Retention only deletes a prefix, which leaves the numbering of the
+	// retained rows without holes whatever it deletes.
+	tords  map[string]int64
+	newest int64 // -1: tords is not valid
 }
 
 func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
@@ -23,7 +31,7 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &logWriter{conn: conn}
+	w := &logWriter{conn: conn, newest: -1}
 	for _, p := range []struct {
 		stmt  **sql.Stmt
 		query string
@@ -122,6 +130,7 @@ func (w *logWriter) append(ctx context.Context, evs []Event, dup []bool) (broken
 			return false, nil
 		}
 	}
+	w.newest = -1 // the cache may hold rows rolled back
 	_, rerr := w.rollback.ExecContext(context.Background())
 	return rerr != nil, err
 }
@@ -133,25 +142,29 @@ func (w *logWriter) append(ctx context.Context, evs []Event, dup []bool) (broken
 // rows stay a suffix of the log.
 func (w *logWriter) insertRows(ctx context.Context, evs []Event, dup []bool) error {
 	var (
-		last    int64
-		lastOrd sql.NullInt64
+		newest, last int64
+		lastOrd      sql.NullInt64
 	)
-	err := w.lastRow.QueryRowContext(ctx).Scan(&last, &lastOrd)
+	err := w.lastRow.QueryRowContext(ctx).Scan(&newest, &last, &lastOrd)
 	empty := errors.Is(err, sql.ErrNoRows)
 	if err != nil && !empty {
 		return err
 	}
 	numbered := empty || lastOrd.Valid
+	if !numbered || newest != w.newest || len(w.tords) > maxCachedTopics {
+		clear(w.tords)
+	}
+	if w.tords == nil {
+		w.tords = make(map[string]int64)
+	}
+	w.newest = newest
+	tords := w.tords
 	ord := lastOrd.Int64
-	var tords map[string]int64 // topic ("" = broadcasts) -> its last ordinal
 	now := max(time.Now().UnixMilli(), last)
 	for i := range evs {
 		ev := &evs[i]
 		var ordArg, tordArg any
 		if numbered {
-			if tords == nil {
-				tords = make(map[string]int64, 1)
-			}
 			tord, ok := tords[ev.Topic]
 			if !ok {
 				if tord, err = w.lastTopicOrdinal(ctx, ev.Topic); err != nil {
@@ -179,11 +192,15 @@ func (w *logWriter) insertRows(ctx context.Context, evs []Event, dup []bool) err
 		}
 		if numbered {
 			ord, tords[ev.Topic] = ordArg.(int64), tordArg.(int64)
+			w.newest = ev.Sequence
 		}
 		ev.CreatedAt = time.UnixMilli(now)
 	}
 	return nil
 }
+
+// maxCachedTopics bounds logWriter.tords; past it the cache starts again.
+const maxCachedTopics = 4096
 
 // lastTopicOrdinal returns the topic ordinal of topic's newest row, 0 if
 // it has none.

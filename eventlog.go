@@ -184,7 +184,7 @@ func scopeOf(topic string) []string {
 
 // Writes.
 const (
-	qLastRow          = `SELECT created_at, ordinal FROM events ORDER BY sequence DESC LIMIT 1`
+	qLastRow          = `SELECT sequence, created_at, ordinal FROM events ORDER BY sequence DESC LIMIT 1`
 	qLastTopicOrdinal = `SELECT topic_ordinal FROM events WHERE topic = ? ORDER BY sequence DESC LIMIT 1`
 	qLastBroadcastOrd = `SELECT topic_ordinal FROM events WHERE topic IS NULL ORDER BY sequence DESC LIMIT 1`
 	qInsert           = `INSERT INTO events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)

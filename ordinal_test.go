@@ -80,11 +80,23 @@ func checkCounts(t *testing.T, db *sql.DB, l *EventLog, head int64) {
 }
 
 func TestOrdinalCountsExactAcrossPrunes(t *testing.T) {
-	db, _ := openTestDB(t)
+	db, path := openTestDB(t)
 	h := newTestHub(t, db, Options{})
+	// A second writer on the same file, as another process would be: each
+	// writer's cached numbering must notice the other's rows.
+	db2, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	h2 := newTestHub(t, db2, Options{})
 	ctx := context.Background()
 	for i := range 600 {
 		topic := []string{"a", "b", "c", ""}[i%4]
+		if i%7 < 2 {
+			mustPublish(t, h2, topic, i)
+			continue
+		}
 		mustPublish(t, h, topic, i)
 		if i%97 == 0 { // a duplicate id spends no ordinal
 			mustPublish(t, h, topic, i, WithEventID(fmt.Sprintf("dup-%d", i)))
