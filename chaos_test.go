@@ -192,6 +192,22 @@ func TestChaos(t *testing.T) {
 	e.httpc = &http.Client{Transport: transport}
 
 	e.start = time.Now()
+	// The storm phase: storms of handshakes from cursor 0 while a large log
+	// is being published (nothing is pruned yet, so every storm has the
+	// whole log above its cursor to count and replay).
+	prefill := 5_000
+	if testing.Short() {
+		prefill = 1_500
+	}
+	stormStop := make(chan struct{})
+	stormed := make(chan []*chaosConn, 1)
+	go func() { stormed <- e.stormer(rand.New(rand.NewPCG(seed, 400)), stormStop) }()
+	e.prefill(prefill)
+	close(stormStop)
+	storms := <-stormed
+	t.Logf("storm phase: %d events published while %d connections stormed in from cursor 0, in %v",
+		prefill, len(storms), time.Since(e.start).Round(time.Millisecond))
+
 	var wg sync.WaitGroup // publishers, pruner, restarter
 	for p := range chaosPublishers {
 		wg.Add(1)
@@ -240,6 +256,9 @@ func TestChaos(t *testing.T) {
 	chaosWaitSub(t, lastSubB, fence.Sequence)
 	chaosWaitSub(t, subA, fence.Sequence)
 	chaosPhaseEnd := time.Since(e.start)
+	// The storms' connections are checked like any other; they need not
+	// reach the fence.
+	results = append(results, chaosClientResult{conns: storms, reachedFence: true})
 
 	e.check(results, subA, lastSubB, chaosPhaseEnd)
 }
@@ -293,6 +312,65 @@ func (e *chaosEnv) publish(h *EventHub, topic string, payload any, opts ...Publi
 	}
 	e.ledger.add(e.t, ev)
 	return ev
+}
+
+// prefill publishes n events on hub A from many goroutines at once.
+func (e *chaosEnv) prefill(n int) {
+	const workers = 32
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				topic := ""
+				if i%7 != 0 {
+					topic = chaosTopics[i%len(chaosTopics)]
+				}
+				e.publish(e.hubA, topic, map[string]int{"prefill": i})
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// chaosStormSize is how many connections one handshake storm opens at once.
+const chaosStormSize = 24
+
+// stormer opens storms of connections resuming from cursor 0 (every event
+// of the log above it to count, replay or name in a gap) on either hub,
+// one after another with short pauses, until stop is closed and at least
+// two storms ran. It returns the connections for the checker. Each reads
+// for a short while and drops.
+func (e *chaosEnv) stormer(rng *rand.Rand, stop <-chan struct{}) []*chaosConn {
+	var conns []*chaosConn
+	for storm := 0; ; storm++ {
+		if storm >= 2 {
+			wait := time.NewTimer(time.Duration(10+rng.IntN(100)) * time.Millisecond)
+			select {
+			case <-stop:
+				wait.Stop()
+				return conns
+			case <-wait.C:
+			}
+		}
+		var wg sync.WaitGroup
+		for range chaosStormSize {
+			c := &chaosConn{id: int(e.connSeq.Add(1)), client: -1, hub: "A", mode: "stale", sent: "0", via: "header", behaviour: "storm"}
+			if rng.IntN(3) == 0 {
+				c.hub = "B"
+			}
+			c.topics = chaosScope(rng)
+			life := time.Duration(50+rng.IntN(400)) * time.Millisecond
+			conns = append(conns, c)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				e.run(c, "", life, 0, 0, 0)
+			}()
+		}
+		wg.Wait()
+	}
 }
 
 // publisher publishes until the chaos phase ends: random topics and
@@ -591,11 +669,11 @@ func (tl *chaosTimeline) add(e *chaosEnv, what string) {
 // chaosConn is one SSE connection and every frame it received.
 type chaosConn struct {
 	id, client  int
-	hub         string // "A" or "B"
-	topic       string
-	mode        string // fresh, resume, stale, future, invalid
-	sent        string // the cursor sent, "" for none
-	via         string // "header" or "query"
+	hub         string   // "A" or "B"
+	topics      []string // the scope; none: global
+	mode        string   // fresh, resume, stale, future, invalid
+	sent        string   // the cursor sent, "" for none
+	via         string   // "header" or "query"
 	behaviour   string
 	status      int
 	overloaded  bool // refused by hub A's MaxConnections: only a retry, then the end
@@ -641,9 +719,7 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 		if rng.IntN(5) < 2 {
 			c.hub = "B"
 		}
-		if rng.IntN(3) > 0 {
-			c.topic = chaosTopics[rng.IntN(len(chaosTopics))]
-		}
+		c.topics = chaosScope(rng)
 		switch r := rng.IntN(20); {
 		case finishing && lastID != "", r < 10 && lastID != "":
 			c.mode, c.sent = "resume", lastID
@@ -698,7 +774,7 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 				return res
 			}
 			prev := c
-			c = &chaosConn{id: int(e.connSeq.Add(1)), client: idx, hub: prev.hub, topic: prev.topic,
+			c = &chaosConn{id: int(e.connSeq.Add(1)), client: idx, hub: prev.hub, topics: prev.topics,
 				mode: prev.mode, sent: prev.sent, via: prev.via, behaviour: prev.behaviour}
 			select {
 			case <-e.finish:
@@ -775,8 +851,8 @@ func (e *chaosEnv) run(c *chaosConn, lastID string, life time.Duration, closeAft
 		base = e.urlB
 	}
 	q := url.Values{}
-	if c.topic != "" {
-		q.Set("topic", c.topic)
+	for _, t := range c.topics {
+		q.Add("topic", t)
 	}
 	if c.sent != "" && c.via == "query" {
 		q.Set("lastEventId", c.sent)
@@ -807,7 +883,7 @@ func (e *chaosEnv) run(c *chaosConn, lastID string, life time.Duration, closeAft
 		return false
 	}
 	c.status = resp.StatusCode
-	if resp.StatusCode == http.StatusForbidden && c.hub == "A" && e.denied[c.topic] {
+	if resp.StatusCode == http.StatusForbidden && c.hub == "A" && e.deniedScope(c.topics) {
 		resp.Body.Close()
 		c.end = "refused by Authorize"
 		e.stats.forbidden.Add(1)
@@ -946,10 +1022,34 @@ type chaosView struct {
 	mark  int64 // the highest prune watermark of any topic
 }
 
-func chaosVisible(scope, topic string) bool { return scope == "" || topic == "" || topic == scope }
+func chaosVisible(scope []string, topic string) bool {
+	return len(scope) == 0 || topic == "" || slices.Contains(scope, topic)
+}
+
+// deniedScope reports whether hub A's Authorize refuses topics: the global
+// scope when it is denied, else any denied topic among them.
+func (e *chaosEnv) deniedScope(topics []string) bool {
+	if len(topics) == 0 {
+		return e.denied[""]
+	}
+	return slices.ContainsFunc(topics, func(t string) bool { return e.denied[t] })
+}
+
+// chaosScope draws a connection's scope: global a third of the time, else
+// 1 to 4 distinct topics in random order.
+func chaosScope(rng *rand.Rand) []string {
+	if rng.IntN(3) == 0 {
+		return nil
+	}
+	var scope []string
+	for _, i := range rng.Perm(len(chaosTopics))[:1+rng.IntN(4)] {
+		scope = append(scope, chaosTopics[i])
+	}
+	return scope
+}
 
 // visibleIn returns the ledger sequences visible to scope in (after, before).
-func (v *chaosView) visibleIn(scope string, after, before int64) []int64 {
+func (v *chaosView) visibleIn(scope []string, after, before int64) []int64 {
 	i, _ := slices.BinarySearch(v.seqs, after+1)
 	var out []int64
 	for ; i < len(v.seqs) && v.seqs[i] < before; i++ {
@@ -1019,7 +1119,7 @@ func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elap
 			}
 			delivered[seq] = true
 		}
-		for _, seq := range v.visibleIn("", s.start, fence+1) {
+		for _, seq := range v.visibleIn(nil, s.start, fence+1) {
 			if v.inDB[seq] && !delivered[seq] {
 				t.Errorf("hub %s subscriber (from %d) never got event %d, which was never pruned", name, s.start, seq)
 			}
@@ -1112,7 +1212,7 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 	if c.hub == "B" {
 		limit = e.limitB
 	}
-	if c.hub == "A" && e.denied[c.topic] && !c.overloaded {
+	if c.hub == "A" && e.deniedScope(c.topics) && !c.overloaded {
 		// The cap is checked before Authorize: a denied scope may get the
 		// overload answer, never a stream.
 		return st, fmt.Errorf("served a scope Authorize denies")
@@ -1137,9 +1237,10 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 		return st, fmt.Errorf("first frame is not hello: %q", fs[0].data)
 	}
 	var hello struct {
-		Topic  *string `json:"topic"`
-		Cursor *int64  `json:"cursor"`
-		Head   *int64  `json:"head"`
+		Topic  *string   `json:"topic"`
+		Topics *[]string `json:"topics"`
+		Cursor *int64    `json:"cursor"`
+		Head   *int64    `json:"head"`
 	}
 	_, data, _ := strings.Cut(fs[0].data, " ")
 	if err := json.Unmarshal([]byte(data), &hello); err != nil || hello.Cursor == nil || hello.Head == nil {
@@ -1149,8 +1250,10 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 	switch {
 	case fs[0].seq != cursor:
 		return st, fmt.Errorf("hello id %d differs from its cursor %d", fs[0].seq, cursor)
-	case (hello.Topic == nil) != (c.topic == "") || (hello.Topic != nil && *hello.Topic != c.topic):
-		return st, fmt.Errorf("hello topic %v, connection topic %q", hello.Topic, c.topic)
+	case (hello.Topic == nil) != (len(c.topics) != 1) || (hello.Topic != nil && *hello.Topic != c.topics[0]):
+		return st, fmt.Errorf("hello topic %v, connection topics %q", hello.Topic, c.topics)
+	case hello.Topics == nil || len(*hello.Topics) != len(c.topics) || (len(c.topics) > 0 && !slices.Equal(*hello.Topics, c.topics)):
+		return st, fmt.Errorf("hello topics %v, connection topics %q", hello.Topics, c.topics)
 	case head < 0 || head > finalHead:
 		// The head need not be a stored event: a rejected duplicate may
 		// consume a sequence (SPEC §2).
@@ -1205,9 +1308,9 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 				return st, fmt.Errorf("replay_limit gap lacks a field: %+v", g)
 			}
 			from, through, missed := *g.MissedFrom, *g.MissedThrough, *g.Missed
-			n := int64(len(v.visibleIn(c.topic, from-1, through+1)))
+			n := int64(len(v.visibleIn(c.topics, from-1, through+1)))
 			if from <= sent || through < from || through > head || missed < 1 || missed > n ||
-				!chaosVisible(c.topic, v.bySeq[from].topic) || !chaosVisible(c.topic, v.bySeq[through].topic) {
+				!chaosVisible(c.topics, v.bySeq[from].topic) || !chaosVisible(c.topics, v.bySeq[through].topic) {
 				return st, fmt.Errorf("replay_limit gap %d..%d missed %d (ledger: %d visible in range) after cursor %d, head %d",
 					from, through, missed, n, sent, head)
 			}
@@ -1218,7 +1321,7 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 				return st, fmt.Errorf("pruned gap %s after cursor %d, head %d", chaosGapString(g), sent, head)
 			}
 			// Honest: some event of the scope in the range was pruned.
-			if !slices.ContainsFunc(v.visibleIn(c.topic, sent, *g.MissedThrough+1), func(s int64) bool { return !v.inDB[s] }) {
+			if !slices.ContainsFunc(v.visibleIn(c.topics, sent, *g.MissedThrough+1), func(s int64) bool { return !v.inDB[s] }) {
 				return st, fmt.Errorf("pruned gap %s, but every event of the scope in its range is still in the log", chaosGapString(g))
 			}
 			covered = [2]int64{*g.MissedFrom, *g.MissedThrough}
@@ -1244,15 +1347,15 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 		switch {
 		case !ok:
 			return st, fmt.Errorf("event %d was never published", seq)
-		case !chaosVisible(c.topic, en.topic):
-			return st, fmt.Errorf("event %d of topic %q delivered to scope %q", seq, en.topic, c.topic)
+		case !chaosVisible(c.topics, en.topic):
+			return st, fmt.Errorf("event %d of topic %q delivered to scope %q", seq, en.topic, c.topics)
 		case en.hash != f.hash:
 			return st, fmt.Errorf("event %d: type or data differ from what was published", seq)
 		}
 		if g != nil && covered[0] <= covered[1] && seq <= covered[1] {
 			return st, fmt.Errorf("event %d inside or below the gap's range %d..%d", seq, covered[0], covered[1])
 		}
-		for _, s := range v.visibleIn(c.topic, prev, seq) {
+		for _, s := range v.visibleIn(c.topics, prev, seq) {
 			if s < covered[0] || s > covered[1] {
 				return st, &chaosHole{seq: s, prev: prev, next: seq}
 			}
@@ -1305,8 +1408,8 @@ func chaosGapString(g *gapJSON) string {
 // the violation, and what else happened meanwhile.
 func (e *chaosEnv) trace(v *chaosView, c *chaosConn, err error) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "VIOLATION (seed %d) conn %d of client %d: hub %s, topic %q, mode %s, cursor %q via %s, %s; %v..%v, ended: %s\n  %v\n",
-		e.seed, c.id, c.client, c.hub, c.topic, c.mode, c.sent, c.via, c.behaviour, c.start.Round(time.Millisecond),
+	fmt.Fprintf(&b, "VIOLATION (seed %d) conn %d of client %d: hub %s, topics %q, mode %s, cursor %q via %s, %s; %v..%v, ended: %s\n  %v\n",
+		e.seed, c.id, c.client, c.hub, c.topics, c.mode, c.sent, c.via, c.behaviour, c.start.Round(time.Millisecond),
 		c.stop.Round(time.Millisecond), c.end, err)
 	focus := int64(-1)
 	var hole *chaosHole

@@ -220,4 +220,18 @@
 //     topic names, so the tracker must not keep them all). Dropping is done
 //     as connections open and close and when Snapshot runs, so Stats costs
 //     at most the open topics plus 10,000 entries.
+//   - The hub takes its writer's connection from the pool in New and keeps
+//     it (except on a pool of one, ":memory:", where it is lent per batch).
+//     SSE log reads (handshakes and replay pages) run at most pool size
+//     minus two at a time (at least one; 8 on an unlimited pool), so a storm
+//     of connecting clients queues for that limit and leaves a connection
+//     free for the live catch-up and the tail.
+//   - A resuming client's replay is read and written a page at a time (64
+//     events or 64 KiB, at least one event), each page under the usual write
+//     deadline, so a connection in replay holds one page besides its live
+//     queue (MaxBufferedBytes). The replay window, the gap and the head come
+//     from one read snapshot of the index; the pages are read afterwards,
+//     and since rows at or below the head can only be pruned, never
+//     inserted, a prune watermark above the last event written ends the
+//     stream: the client reconnects and is told of the pruned rows in a gap.
 package replayd

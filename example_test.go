@@ -201,7 +201,7 @@ func ExampleEventHub_Handler() {
 	// text/event-stream; charset=utf-8
 	// id: 1
 	// event: hello
-	// data: {"topic":"room-1","cursor":1,"head":2}
+	// data: {"topic":"room-1","topics":["room-1"],"cursor":1,"head":2}
 	//
 	// id: 2
 	// event: message

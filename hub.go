@@ -77,7 +77,7 @@ type SSEOptions struct {
 	// Default 15s; negative: no heartbeats.
 	HeartbeatInterval time.Duration
 	// HeartbeatData, if set, is called for each heartbeat with the
-	// connection's topic ("" for a global connection). An object it returns
+	// connection's topic when it has exactly one, else "". An object it returns
 	// is merged into the heartbeat's data; any other non-nil value is sent
 	// under "data".
 	HeartbeatData func(topic string) any
@@ -200,7 +200,9 @@ type store interface {
 	readAfter(ctx context.Context, after int64, limit int) ([]Event, error)
 	// pruneWatermark is the highest sequence retention has deleted, any topic.
 	pruneWatermark(ctx context.Context) (int64, error)
-	readHandshake(ctx context.Context, topic string, cursor int64, limit int) (handshake, error)
+	readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (handshake, error)
+	// readPage reads a page of a replay and the scope's watermark after it.
+	readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) ([]Event, int64, error)
 	// prune applies policy; lock is held around each write transaction.
 	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
 	// close releases what appendBatch holds open; called under writeMu.
@@ -209,10 +211,10 @@ type store interface {
 
 func (l *EventLog) latestSequence(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
 func (l *EventLog) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
-	return l.replay(ctx, l.db, "", after, limit)
+	return l.replay(ctx, l.db, nil, after, maxSequence, limit)
 }
 func (l *EventLog) pruneWatermark(ctx context.Context) (int64, error) {
-	return l.watermark(ctx, l.db, "")
+	return l.watermark(ctx, l.db, nil)
 }
 
 // EventHub publishes events to the log and streams them to SSE clients and
@@ -240,6 +242,11 @@ type EventHub struct {
 	// conns counts open SSE streams and waiting long polls, against
 	// SSEOptions.MaxConnections (see acquireSlot).
 	conns atomic.Int64
+	// handshakes holds a slot for every SSE log read in progress (handshake
+	// and replay pages): fewer than the pool's connections, so a storm of
+	// connecting clients queues here and leaves the writer's connection and
+	// one for the live catch-up free.
+	handshakes chan struct{}
 
 	ctx    context.Context // cancelled by Close: ends tail and retention
 	cancel context.CancelFunc
@@ -268,6 +275,9 @@ type EventHub struct {
 	testHookAfterSubscribe, testHookBeforeLive func()
 	// testHookCommit, if set, is run by the writer before each batch's commit.
 	testHookCommit func()
+	// testHookReplayPage runs after each replay page is written, with the
+	// last sequence written.
+	testHookReplayPage func(last int64)
 }
 
 // New returns a hub over db, creating the schema if it is missing. The hub
@@ -303,6 +313,17 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 	if h.live.pos, err = h.store.latestSequence(ctx); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
+	// The writer's connection is taken now, before any reader can queue
+	// for the pool, and kept (§2: a publish is never slowed by SSE clients).
+	if db.Stats().MaxOpenConnections != 1 {
+		h.writeMu.Lock()
+		err = log.reserveWriter(ctx)
+		h.writeMu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("replayd: new: %w", err)
+		}
+	}
+	h.handshakes = make(chan struct{}, handshakeSlots(db.Stats().MaxOpenConnections))
 	h.live.init()
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.writeCtx, h.writeCancel = context.WithCancel(context.Background())

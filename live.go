@@ -105,25 +105,41 @@ func (l *live) hasSubscribers() bool {
 	return len(l.byTopic) > 0 || len(l.funcs) > 0
 }
 
+// addStream registers s under each of its topics, or as a global stream.
 func (l *live) addStream(s *stream) {
 	l.subsMu.Lock()
 	defer l.subsMu.Unlock()
-	set := l.byTopic[s.topic]
-	if set == nil {
-		set = make(map[*stream]struct{})
-		l.byTopic[s.topic] = set
+	for _, topic := range streamKeys(s) {
+		set := l.byTopic[topic]
+		if set == nil {
+			set = make(map[*stream]struct{})
+			l.byTopic[topic] = set
+		}
+		set[s] = struct{}{}
 	}
-	set[s] = struct{}{}
 }
 
 func (l *live) removeStream(s *stream) {
 	l.subsMu.Lock()
 	defer l.subsMu.Unlock()
-	set := l.byTopic[s.topic]
-	delete(set, s)
-	if len(set) == 0 {
-		delete(l.byTopic, s.topic)
+	for _, topic := range streamKeys(s) {
+		set := l.byTopic[topic]
+		delete(set, s)
+		if len(set) == 0 {
+			delete(l.byTopic, topic)
+		}
 	}
+}
+
+// globalKey is the byTopic key of global streams.
+var globalKey = []string{""}
+
+// streamKeys returns the byTopic keys s is registered under.
+func streamKeys(s *stream) []string {
+	if len(s.topics) == 0 {
+		return globalKey
+	}
+	return s.topics
 }
 
 // dispatch hands rows above the live position to every subscriber and
@@ -161,9 +177,15 @@ func (l *live) dispatch(rows []Event) {
 }
 
 // pushAll queues ev on every stream of set, encoding its frame (le) on first
-// use, and returns le.
+// use, and returns le. A stream registered under several topics meets a
+// broadcast in several sets: it is queued only the first time, since rows
+// are dispatched in sequence order. The caller holds subsMu.
 func pushAll(set map[*stream]struct{}, ev *Event, le *liveEvent) *liveEvent {
 	for s := range set {
+		if s.lastPushed >= ev.Sequence {
+			continue
+		}
+		s.lastPushed = ev.Sequence
 		if le == nil {
 			le = &liveEvent{Event: *ev, frame: appendEventFrame(nil, *ev)}
 		}

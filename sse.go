@@ -121,16 +121,16 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 			http.StatusInternalServerError)
 		return
 	}
-	topic := "" // TODO(scope): several topics per stream
-	if len(topics) > 0 {
+	topic := "" // the single topic, for the hello and HeartbeatData
+	if len(topics) == 1 {
 		topic = topics[0]
 	}
 	s := &stream{
-		m:     &h.metrics,
-		topic: topic,
-		rc:    http.NewResponseController(w),
-		max:   o.MaxBufferedBytes,
-		wake:  make(chan struct{}, 1),
+		m:      &h.metrics,
+		topics: topics,
+		rc:     http.NewResponseController(w),
+		max:    o.MaxBufferedBytes,
+		wake:   make(chan struct{}, 1),
 	}
 	if !h.addStream(s) {
 		endEarly(w, "server is shutting down")
@@ -162,10 +162,13 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		readFrom = cursor
 	}
 	ctx := r.Context()
-	hs, err := h.readHandshake(ctx, topic, readFrom)
+	hs, err := h.readHandshake(ctx, topics, readFrom)
 	if err != nil {
-		if ctx.Err() == nil {
-			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "err", err)
+		switch {
+		case errors.Is(err, ErrClosed):
+			endEarly(w, "server is shutting down")
+		case ctx.Err() == nil:
+			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "err", err)
 			endEarly(w, "event log unavailable")
 		}
 		return
@@ -174,12 +177,14 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	if g != nil {
 		h.metrics.gap(g.Reason)
 	}
-	h.metrics.replayed(transportSSE, len(hs.replay))
 	if readFrom < 0 || cursor > hs.head {
 		cursor = hs.head // fresh, or treated as fresh
 	}
 
-	hi := hello{Cursor: cursor, Head: hs.head}
+	hi := hello{Topics: topics, Cursor: cursor, Head: hs.head}
+	if hi.Topics == nil {
+		hi.Topics = []string{}
+	}
 	if topic != "" {
 		hi.Topic = &topic
 	}
@@ -191,11 +196,16 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		if g != nil {
 			b = appendFrame(b, o.GapEventType, mustJSON(g))
 		}
-		for _, ev := range hs.replay {
-			b = appendEventFrame(b, ev)
-		}
 		return b
 	}) {
+		return
+	}
+	replayed, ok := 0, true
+	if cursor < hs.head {
+		replayed, ok = h.replay(ctx, w, s, topics, hs)
+	}
+	h.metrics.replayed(transportSSE, replayed)
+	if !ok {
 		return
 	}
 	if h.testHookBeforeLive != nil {
@@ -267,15 +277,74 @@ func canFlush(w http.ResponseWriter) bool {
 	}
 }
 
+// Replay pages: a replay is read and written a page at a time, so a
+// connection in replay holds one page (or one event larger than that) on
+// top of its live queue.
+const (
+	replayPageEvents = 64
+	replayPageBytes  = 64 << 10
+)
+
+// replay writes the window W of hs, the scope's events in [hs.from,
+// hs.head], page by page, each read under a handshake slot and written
+// under the usual write deadline. If retention pruned anything of the
+// scope above the last event written, the page just read may lack rows:
+// the stream ends instead, and the client's reconnect gets a pruned gap.
+// It returns how many events it wrote, and false if the stream must end.
+func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs handshake) (n int, ok bool) {
+	for after := hs.from - 1; after < hs.head; {
+		if !h.acquireRead(ctx) {
+			return n, false
+		}
+		page, mark, err := h.store.readPage(ctx, topics, after, hs.head, replayPageEvents, replayPageBytes)
+		h.releaseRead()
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)
+			}
+			return n, false
+		case mark > after:
+			h.logger.Warn("replayd: rows pruned during a replay; ending the stream so it resumes with a gap",
+				"topics", topics, "after", after, "watermark", mark)
+			return n, false
+		case len(page) == 0:
+			return n, true
+		}
+		ok := s.send(w, func(b []byte) []byte {
+			for _, ev := range page {
+				b = appendEventFrame(b, ev)
+			}
+			return b
+		})
+		if !ok {
+			return n, false
+		}
+		n += len(page)
+		after = page[len(page)-1].Sequence
+		if h.testHookReplayPage != nil {
+			h.testHookReplayPage(after)
+		}
+	}
+	return n, true
+}
+
 // readHandshake reads what a new stream needs from the log on a goroutine
 // of its own: SQLite's code grows the stack that runs it, and a handler's
 // stack stays that size for as long as the connection is open (measured:
 // 38.5 against 30.6 KiB per idle connection).
-func (h *EventHub) readHandshake(ctx context.Context, topic string, cursor int64) (hs handshake, err error) {
+func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs handshake, err error) {
+	if !h.acquireRead(ctx) {
+		if ctx.Err() != nil {
+			return hs, ctx.Err()
+		}
+		return hs, ErrClosed
+	}
+	defer h.releaseRead()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		hs, err = h.store.readHandshake(ctx, topic, cursor, h.opts.SSE.ReplayLimit)
+		hs, err = h.store.readHandshake(ctx, topics, cursor, h.opts.SSE.ReplayLimit)
 	}()
 	<-done
 	return hs, err
@@ -351,11 +420,17 @@ func (h *EventHub) removeStream(s *stream) {
 // it without ever waiting; the handler goroutine drains it into one write
 // and one flush.
 type stream struct {
-	m     *metrics
-	topic string
-	rc    *http.ResponseController
-	max   int           // cap on queued bytes; negative: none
-	wake  chan struct{} // signalled when the queue gains frames or s dies
+	m      *metrics
+	topics []string // the scope; none: global
+	rc     *http.ResponseController
+
+	// lastPushed is the sequence pushed last, so that an event matching
+	// several of the stream's subscriptions is queued once. Guarded by the
+	// hub's live.subsMu.
+	lastPushed int64
+
+	max  int           // cap on queued bytes; negative: none
+	wake chan struct{} // signalled when the queue gains frames or s dies
 
 	mu       sync.Mutex // guards the fields below
 	queue    []*liveEvent
@@ -491,3 +566,29 @@ func (s *stream) killLocked() {
 	default:
 	}
 }
+
+// handshakeSlots is how many SSE log reads may run at once on a pool of
+// poolSize connections (0: unlimited): two fewer than the pool, one
+// reserved by the writer and one left for the live catch-up and the tail,
+// and at least one. A pool of one (":memory:") serialises everything
+// anyway; one slot keeps at most one handshake ahead of a publish there.
+func handshakeSlots(poolSize int) int {
+	if poolSize <= 0 {
+		return 8
+	}
+	return max(poolSize-2, 1)
+}
+
+// acquireRead takes a handshake slot; false if ctx ends or the hub closes
+// first. Release it with releaseRead.
+func (h *EventHub) acquireRead(ctx context.Context) bool {
+	select {
+	case h.handshakes <- struct{}{}:
+		return true
+	case <-ctx.Done():
+	case <-h.done:
+	}
+	return false
+}
+
+func (h *EventHub) releaseRead() { <-h.handshakes }
