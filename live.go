@@ -15,6 +15,9 @@ type live struct {
 	// mu orders deliveries and guards pos. User callbacks run under it.
 	mu  sync.Mutex
 	pos int64 // the highest sequence delivered live
+	// newestAt is the CreatedAt of the newest row dispatched: the tail
+	// resets it before a poll and reads its lag from it after.
+	newestAt time.Time
 
 	// subsMu guards the subscriber sets. A subscriber registered under it
 	// gets every row dispatched after that moment; every row dispatched
@@ -99,6 +102,7 @@ func (l *live) dispatch(rows []Event) {
 		return
 	}
 	l.pos = rows[len(rows)-1].Sequence
+	l.newestAt = rows[len(rows)-1].CreatedAt
 	l.subsMu.Lock()
 	for i := range rows {
 		ev := &rows[i]
