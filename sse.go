@@ -130,6 +130,11 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	defer h.clients.closed(topics)
 	h.metrics.connOpened(transportSSE)
 	defer h.metrics.connClosed(transportSSE)
+	defer func() {
+		if s.cutOff() {
+			h.logger.Info("replayd: slow consumer disconnected", "topic", topic, "remote", r.RemoteAddr)
+		}
+	}()
 
 	// Subscribe before reading the head: every row committed later is
 	// queued on s, every row committed earlier is at or below the head.
@@ -148,7 +153,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	hs, err := h.readHandshake(ctx, topic, readFrom)
 	if err != nil {
 		if ctx.Err() == nil {
-			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "err", err)
+			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "remote", r.RemoteAddr, "err", err)
 			endEarly(w, "event log unavailable")
 		}
 		return
@@ -329,6 +334,7 @@ type stream struct {
 	spare    []*liveEvent // the drained queue, reused
 	queued   int          // bytes pushed and not yet written
 	dead     bool         // over the cap or killed: the stream must end
+	cut      bool         // killed for going over the cap
 	deadline time.Time    // the write deadline set last
 }
 
@@ -341,6 +347,7 @@ func (s *stream) push(le *liveEvent) {
 	}
 	if s.max >= 0 && s.queued+len(le.frame) > s.max {
 		s.m.slowConsumerCut()
+		s.cut = true
 		s.killLocked()
 		s.mu.Unlock()
 		return
@@ -356,6 +363,13 @@ func (s *stream) push(le *liveEvent) {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// cutOff reports whether the stream was ended for going over its cap.
+func (s *stream) cutOff() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cut
 }
 
 // take returns the queued frames; false if the stream must end.
