@@ -120,6 +120,22 @@
 //   - A [EventHub.Subscribe] callback runs on the delivering goroutine, under
 //     the hub's delivery lock: it must not block and must not call Publish.
 //     For this hub's own publishes it runs before Publish returns.
+//   - [EventHub.Metrics] is a lock-free snapshot of counters and histograms
+//     that never reads the log; the head gauge is read apart, at scrape
+//     time, with LatestSequence: the log's head (what hello frames carry,
+//     other processes' writes included) rather than the hub's live
+//     position, which lags other writers. replaydprom leaves the head out
+//     of a scrape whose read fails, so the other metrics stay visible.
+//   - The tail lag is measured from the newest delivered row's created_at,
+//     the writer's clock in milliseconds taken just before its insert:
+//     exact to about a millisecond plus the writer's transaction, since
+//     writers of one SQLite file share the host's clock. Negative ages
+//     (a clock stepped back) count as 0.
+//   - [EventHub.Ready] checks a read of the head and the write lock
+//     (BEGIN IMMEDIATE, ROLLBACK on the writer's connection, queued behind
+//     this hub's commits); it writes nothing and cannot detect a full disk.
+//   - A slow consumer's cut is logged at info level: it is expected client
+//     behaviour, and the client resumes from the log.
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
 //     Total and Snapshot; a topic seen once stays in Snapshot and Stats with
 //     0 clients.
