@@ -809,9 +809,10 @@ func (c *chaosConn) add(f frame) {
 	switch {
 	case f.Event == "heartbeat" && !f.HasID:
 		c.heartbeats++
-	case f.Retry != "" && f.Event == "" && f.Data == "" && !f.HasID:
-		c.frames = append(c.frames, chaosFrame{kind: 'r', data: f.Retry})
 	case f.Event == "hello" && f.HasID:
+		if f.Retry != "" { // sent in the hello's block
+			c.frames = append(c.frames, chaosFrame{kind: 'r', data: f.Retry})
+		}
 		seq, _ := strconv.ParseInt(f.ID, 10, 64)
 		c.frames = append(c.frames, chaosFrame{kind: 'h', seq: seq, data: f.ID + " " + f.Data})
 	case f.Event == "gap" && !f.HasID:

@@ -64,12 +64,23 @@
 // publish; with it, it polls the head (default every 200ms) and reads rows
 // only when the head moved. If rows above the live position were pruned
 // before they could be delivered, or cannot be read, the hub ends every open
-// stream so that its clients reconnect and get a gap.
+// stream so that its clients reconnect and get a gap, and tells each
+// [EventHub.SubscribeWithGaps] subscriber with a [Gap] before the next event.
+// If the head falls below the live position (the log was reset or replaced
+// from outside), the hub logs a warning, ends every stream (their clients
+// reconnect with an "unknown_cursor" gap and go on from the new head), tells
+// gap subscribers with an "unknown_cursor" Gap, and follows the new log: it
+// notices at its next tail poll or publish, never waiting for the sequence to
+// pass its old position.
 //
 // A publish never waits on an SSE client. Each connection has a queue of
 // unsent frames bounded by SSEOptions.MaxBufferedBytes (default 1 MiB) and
 // each write must finish within 7.5-15s; a client past either limit is
-// disconnected, which is safe because it resumes from the log.
+// disconnected (logged at Info with its topics and address), which is safe
+// because it resumes from the log. The cap applies once something is
+// unsent: an empty queue always takes one frame, so the largest event
+// Publish accepts (a 1 MiB payload, whose frame grows by a "data: " line
+// per line of the payload) never cuts a client that keeps up.
 //
 // # Retention
 //
@@ -92,13 +103,24 @@
 //     [ErrInvalid]; test with errors.Is. Nothing was stored.
 //   - After [EventHub.Close], Publish and StartTail return [ErrClosed], and
 //     StartRetention returns a stop that does nothing. Close is idempotent,
-//     never closes the *sql.DB, and lets a publish already being committed
-//     finish.
+//     never closes the *sql.DB, and returns within about a second whatever
+//     another process does: it lets a publish already being committed finish
+//     for up to half a second, then cancels the commit (those publishes
+//     return [ErrClosed]; nothing was stored). Only if the writer does not
+//     stop a second after that does Close give up on it, returning an error,
+//     and its publishes return [ErrOutcomeUnknown].
 //   - Publish's ctx bounds the wait, not the write: the commit itself is not
 //     cancelled. A ctx already done stores nothing; when ctx ends while the
-//     event is being committed, Publish returns ctx's error and the event may
-//     or may not have been stored. Give events an id with [WithEventID] and
-//     retry: a known id stores nothing and returns the original event.
+//     event is being committed, Publish returns an error wrapping
+//     [ErrOutcomeUnknown] and ctx's error: the event may or may not have been
+//     stored. Give events an id with [WithEventID] and retry: a known id
+//     stores nothing and returns the original event. An error wrapping
+//     [ErrClosed] means nothing was stored.
+//   - A group-commit batch that fails on one row (a constraint, such as a
+//     trigger's RAISE, or a value SQLite refuses) is retried one event at a
+//     time, so only the bad event fails. Any other failure (busy past the
+//     busy timeout, I/O) fails the whole batch at once: retrying each event
+//     would repeat the same wait once per event.
 //   - A []byte payload is taken as raw JSON, like json.RawMessage, not
 //     base64-encoded as encoding/json would; it must be valid JSON.
 //   - A payload is written as one "data:" line per line. CR, LF and CRLF all
@@ -113,13 +135,52 @@
 //     read) is answered 200 with only an SSE comment and ended: an
 //     EventSource treats any other status as final and would never
 //     reconnect, while an ended stream is retried with the same cursor.
+//   - A stream whose http.ResponseWriter cannot flush (neither it nor a
+//     writer its Unwrap method returns implements http.Flusher, as
+//     http.ResponseController needs) is refused with 500 and a plain-text
+//     reason before anything is read; the cause is logged at Error once per
+//     hub. Unlike a stream that fails while starting, it is not answered
+//     200: it could never work, so no client should retry it.
+//   - Deleting the database file under a running hub, or moving another
+//     file over it, is an operator error that SQLite does not notice. The
+//     hub remembers the main database file (its path from PRAGMA
+//     database_list; device and inode, see os.SameFile) and looks at the
+//     path again before a commit (at most every 100ms), after a failed
+//     commit and on every tail poll. Once it is not the same file, the hub
+//     logs that at Error and every Publish fails with an error wrapping
+//     [ErrLogReplaced]; publishes acknowledged in the 100ms before went into
+//     the old file and are lost. The hub does not recover: close it and the
+//     *sql.DB, restore the file, and open both again. ":memory:" has no file
+//     and is not checked.
 //   - [EventHub.Replay] and the EventLog reads treat limit <= 0 as 100; a
 //     negative SSEOptions.ReplayLimit replays nothing (gaps report 0).
+//   - SSEOptions.Retry is sent as a retry field in the hello's block
+//     ("retry: 2000\nid: 7\nevent: hello\ndata: …"), not as a block of its
+//     own: r3labs/sse and tmaxmax/go-sse hand a block holding only retry to
+//     the application as an empty event. An EventSource reads it the same
+//     either way.
 //   - The hello and heartbeat event types are fixed ("hello", "heartbeat");
 //     the gap's is SSEOptions.GapEventType.
 //   - A [EventHub.Subscribe] callback runs on the delivering goroutine, under
 //     the hub's delivery lock: it must not block and must not call Publish.
 //     For this hub's own publishes it runs before Publish returns.
+//   - An in-process subscriber learns of holes through
+//     [EventHub.SubscribeWithGaps] (Subscribe's signature is fixed): a [Gap]
+//     with the SSE reasons "pruned" and "unknown_cursor", plus "unreadable"
+//     for rows a database error kept from being read (an SSE client gets a
+//     stream that ends, then the gap its cursor earns on reconnecting).
+//   - [ClientScript] serves the module with a strong ETag (a hash of its
+//     bytes) and Cache-Control no-cache, answers If-None-Match with 304 and
+//     any method but GET and HEAD with 405.
+//   - The browser module: a cursor stored under storageKey wins over the
+//     cursor option (it is what the tab saw last). transport defaults to
+//     "auto" when both URLs are given, else to the one given. Topics are
+//     always sent as "topic" parameters (the default TopicParam). A fresh
+//     poll subscription first polls with wait=0 to learn the head, so that
+//     a reload before any event loses nothing. After an unknown_cursor gap
+//     the cursor moves back to the head the server names, and ids continue
+//     from there (strictly increasing again from the gap on). Events of
+//     types not asked for move the cursor without reaching onEvent.
 //   - [EventHub.Metrics] is a lock-free snapshot of counters and histograms
 //     that never reads the log; the head gauge is read apart, at scrape
 //     time, with LatestSequence: the log's head (what hello frames carry,
@@ -134,9 +195,11 @@
 //   - [EventHub.Ready] checks a read of the head and the write lock
 //     (BEGIN IMMEDIATE, ROLLBACK on the writer's connection, queued behind
 //     this hub's commits); it writes nothing and cannot detect a full disk.
-//   - A slow consumer's cut is logged at info level: it is expected client
-//     behaviour, and the client resumes from the log.
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
-//     Total and Snapshot; a topic seen once stays in Snapshot and Stats with
-//     0 clients.
+//     Total and Snapshot. A topic stays in Snapshot and Stats with 0 clients
+//     after its last client leaves, until it has been idle for more than an
+//     hour or is not among the newest 10,000 idle topics (clients choose
+//     topic names, so the tracker must not keep them all). Dropping is done
+//     as connections open and close and when Snapshot runs, so Stats costs
+//     at most the open topics plus 10,000 entries.
 package replayd

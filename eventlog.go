@@ -362,7 +362,7 @@ func (l *EventLog) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err e
 // process's lock; this retries a busy answer anyway, for a *sql.DB opened
 // without one.
 func retryBusy(ctx context.Context, begin func() error) error {
-	deadline := time.Now().Add(busyTimeoutMillis * time.Millisecond)
+	deadline := time.Now().Add(busyWait)
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
 		err := begin()
 		var se *sqlite.Error

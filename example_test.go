@@ -105,6 +105,51 @@ func ExampleEventHub_Subscribe() {
 	// got id 2 on "": {"topic":""}
 }
 
+// A subscriber that must not miss anything silently asks to be told about
+// holes: rows it cannot be given live, here because retention deleted rows
+// another process wrote before this hub delivered them. A gap comes before
+// any event that follows it.
+func ExampleEventHub_SubscribeWithGaps() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	hub, err := replayd.New(db, replayd.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer hub.Close()
+	other, err := replayd.New(db, replayd.Options{}) // stands for another process
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer other.Close()
+
+	unsubscribe := hub.SubscribeWithGaps(func(ev replayd.Event) {
+		fmt.Printf("event %d: %s\n", ev.Sequence, ev.Payload)
+	}, func(g replayd.Gap) {
+		// Re-sync from a snapshot, as an SSE client does on a gap frame.
+		fmt.Printf("gap %s: %d-%d missed\n", g.Reason, g.From, g.Through)
+	})
+	defer unsubscribe()
+
+	ctx := context.Background()
+	for i := 1; i <= 3; i++ {
+		if _, err := other.Publish(ctx, "orders", map[string]int{"i": i}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if _, err := other.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 1}); err != nil {
+		log.Fatal(err)
+	}
+	// hub has no tail: it learns of the other process's rows as it publishes.
+	if _, err := hub.Publish(ctx, "orders", map[string]int{"i": 4}); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// gap pruned: 1-2 missed
+	// event 3: {"i":3}
+	// event 4: {"i":4}
+}
+
 // Mount the SSE endpoint on your own mux. A client that reconnects with
 // Last-Event-ID gets a hello frame carrying its cursor, then what it missed.
 func ExampleEventHub_Handler() {

@@ -48,11 +48,13 @@ func appendData(b, data []byte) []byte {
 	}
 }
 
-// appendRetry appends "retry: <ms>\n\n".
+// appendRetry appends the field "retry: <ms>\n", to begin the block of the
+// frame that follows: a block holding only retry reaches the applications
+// of r3labs/sse and go-sse as an empty event.
 func appendRetry(b []byte, ms int64) []byte {
 	b = append(b, "retry: "...)
 	b = strconv.AppendInt(b, ms, 10)
-	return append(b, "\n\n"...)
+	return append(b, '\n')
 }
 
 // hello is the first frame of every stream; its id is the stream's cursor.

@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"modernc.org/sqlite"
 )
 
 // ErrAlreadyTailing is returned by a second StartTail on the same hub while
@@ -20,6 +22,13 @@ var ErrAlreadyTailing = errors.New("replayd: hub is already tailing")
 
 // ErrClosed is returned by calls on a hub after Close.
 var ErrClosed = errors.New("replayd: hub is closed")
+
+// ErrOutcomeUnknown, wrapped, is returned by a Publish that stopped waiting
+// while its event was being committed: the event may or may not be stored
+// (and delivered). WithEventID makes the retry safe: publishing the same id
+// again stores nothing if the first attempt was committed, and returns the
+// original event.
+var ErrOutcomeUnknown = errors.New("replayd: outcome unknown: the event may or may not be stored")
 
 // ErrUnauthenticated, returned (possibly wrapped) by Options.Authorize,
 // answers the request 401 instead of 403.
@@ -74,11 +83,18 @@ type SSEOptions struct {
 	HeartbeatData func(topic string) any
 	// GapEventType is the SSE event type of gap frames; default "gap".
 	GapEventType string
-	// Retry, if positive, is sent first as the SSE retry field: how long a
-	// browser waits before reconnecting.
+	// Retry, if positive, is sent as the SSE retry field in the hello's
+	// block (a block of its own reaches some Go clients as an empty
+	// event): how long a browser waits before reconnecting.
 	Retry time.Duration
-	// MaxBufferedBytes caps each connection's unsent frames. A client past
-	// the cap is disconnected and resumes from the log when it reconnects.
+	// MaxBufferedBytes caps each connection's unsent live frames. A client
+	// past the cap is disconnected and resumes from the log when it
+	// reconnects. The cap applies once a frame is unsent: a connection
+	// with nothing unsent always takes the next frame, however large, so
+	// no payload Publish accepts cuts a client that keeps up. Its unsent
+	// bytes are at most max(MaxBufferedBytes, one frame); a frame is at
+	// most about 7 MiB (a 1 MiB payload whose every byte is a line break
+	// costs a "data: " line each), and is shared by every connection.
 	// Default 1 MiB; negative: no cap.
 	MaxBufferedBytes int
 	// MaxTopics is the most distinct topics one request may name; default 32.
@@ -208,6 +224,7 @@ type EventHub struct {
 	opts    Options
 	log     *EventLog
 	store   store
+	file    *fileGuard // the database file's identity, checked before commits
 	logger  *slog.Logger
 	clients *TopicClientTracker
 	metrics metrics
@@ -228,6 +245,18 @@ type EventHub struct {
 	done   chan struct{} // closed by Close
 	wg     sync.WaitGroup
 
+	// noFlushLogged is set once a ResponseWriter that cannot flush was
+	// logged, so a misconfigured server logs it once, not per request.
+	noFlushLogged atomic.Bool
+
+	// writeCtx bounds the writer's commits. Close cancels it when a commit
+	// outlives closeGrace (another process holding the write lock, say).
+	writeCtx    context.Context
+	writeCancel context.CancelFunc
+	// abandoned is closed when Close gives up waiting for the writer: a
+	// Publish still waiting for its answer then returns ErrOutcomeUnknown.
+	abandoned chan struct{}
+
 	mu      sync.Mutex // guards the fields below, and wg.Add after Close
 	closed  bool
 	tailing bool
@@ -236,6 +265,8 @@ type EventHub struct {
 	// Test hooks, run by the SSE handler if set: after subscribing and
 	// before reading the log, and between the replay and going live.
 	testHookAfterSubscribe, testHookBeforeLive func()
+	// testHookCommit, if set, is run by the writer before each batch's commit.
+	testHookCommit func()
 }
 
 // New returns a hub over db, creating the schema if it is missing. The hub
@@ -265,11 +296,16 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 	if err := h.EnsureSchema(ctx); err != nil {
 		return nil, err
 	}
+	if h.file, err = newFileGuard(ctx, db); err != nil {
+		return nil, fmt.Errorf("replayd: new: %w", err)
+	}
 	if h.live.pos, err = h.store.latestSequence(ctx); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
 	h.live.init()
 	h.ctx, h.cancel = context.WithCancel(context.Background())
+	h.writeCtx, h.writeCancel = context.WithCancel(context.Background())
+	h.abandoned = make(chan struct{})
 	h.wg.Add(1)
 	go h.writeLoop()
 	return h, nil
@@ -327,8 +363,10 @@ type publishRes struct {
 // one transaction (group commit); a bad event fails only its own call.
 //
 // A ctx that is already done stores nothing. If ctx ends while the event
-// is being committed, Publish returns ctx's error although the event may be
-// stored: retry with WithEventID to make that safe.
+// is being committed, Publish returns an error wrapping both
+// ErrOutcomeUnknown and ctx's error: the event may or may not be stored.
+// WithEventID makes the retry safe. An error wrapping ErrClosed means
+// nothing was stored.
 func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts ...PublishOption) (Event, error) {
 	po := publishOptions{eventType: h.opts.DefaultType}
 	for _, o := range opts {
@@ -370,6 +408,8 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 	case <-ctx.Done():
 		return Event{}, fmt.Errorf("replayd: publish: %w", ctx.Err())
 	}
+	// From here the writer has the event: an answer that is not its own
+	// cannot say whether the event was stored.
 	select {
 	case r := <-req.res:
 		if r.err == nil {
@@ -377,7 +417,14 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 		}
 		return r.ev, r.err
 	case <-ctx.Done():
-		return Event{}, fmt.Errorf("replayd: publish: %w", ctx.Err())
+		return Event{}, fmt.Errorf("replayd: publish: %w: %w", ErrOutcomeUnknown, ctx.Err())
+	case <-h.abandoned:
+		select {
+		case r := <-req.res: // answered after all
+			return r.ev, r.err
+		default:
+		}
+		return Event{}, fmt.Errorf("replayd: publish: %w: the hub was closed while the event was being committed", ErrOutcomeUnknown)
 	}
 }
 
@@ -432,31 +479,60 @@ func (h *EventHub) writeLoop() {
 			linger.Stop() // no stale tick can follow (Go 1.23 timers)
 		}
 		last = len(batch)
+		if h.testHookCommit != nil {
+			h.testHookCommit()
+		}
 		h.commit(batch)
 	}
 }
+
+// busyWait bounds how long a write waits for another process's write lock
+// (retryBusy); a variable so tests can shorten it.
+var busyWait = busyTimeoutMillis * time.Millisecond
 
 // lingerMax bounds how long the writer waits to fill a batch.
 const lingerMax = 200 * time.Microsecond
 
 func (h *EventHub) commit(batch []*publishReq) {
+	if err := h.checkLogFile(false); err != nil {
+		for _, r := range batch {
+			r.res <- publishRes{err: fmt.Errorf("replayd: publish: %w", err)}
+		}
+		return
+	}
 	evs := make([]Event, len(batch))
 	dup := make([]bool, len(batch))
 	for i, r := range batch {
 		evs[i] = r.ev
 	}
 	h.writeMu.Lock()
-	err := h.store.appendBatch(context.Background(), evs, dup)
+	err := h.store.appendBatch(h.writeCtx, evs, dup)
 	h.writeMu.Unlock()
 	if err != nil {
-		if len(batch) > 1 {
-			// Whatever failed, it fails only its own publish: retry alone.
+		switch {
+		case h.writeCtx.Err() != nil:
+			// Close cancelled the commit. The cancellation reaches only
+			// BEGIN and the inserts (COMMIT runs without it), and a failed
+			// transaction is rolled back: nothing was stored.
+			err = fmt.Errorf("replayd: publish: %w (the commit was cancelled; nothing was stored)", ErrClosed)
+		case len(batch) > 1 && rowError(err):
+			// One event failed: retry each alone, so it fails only its own
+			// publish.
 			for _, r := range batch {
 				h.commit([]*publishReq{r})
 			}
 			return
+		default:
+			// Busy, I/O and the like fail every event alike: retrying each
+			// alone would repeat the wait (a busy timeout) once per event.
+			if ferr := h.checkLogFile(true); ferr != nil {
+				err = fmt.Errorf("%w (%v)", ferr, err)
+			}
+			err = fmt.Errorf("replayd: publish: %w", err)
 		}
-		batch[0].res <- publishRes{err: fmt.Errorf("replayd: publish: %w", err)}
+		for _, r := range batch {
+			r.res <- publishRes{err: err}
+		}
 		return
 	}
 	fresh := make([]Event, 0, len(evs))
@@ -476,13 +552,49 @@ func (h *EventHub) commit(batch []*publishReq) {
 	}
 }
 
+// rowError reports whether err is about one row of a batch (a constraint,
+// such as a trigger's RAISE, or a value too big or of the wrong type), which
+// retrying each event alone isolates.
+func rowError(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case sqliteConstraint, sqliteTooBig, sqliteMismatch:
+		return true
+	}
+	return false
+}
+
+// SQLite primary result codes of errors about a row.
+const (
+	sqliteTooBig     = 18
+	sqliteConstraint = 19
+	sqliteMismatch   = 20
+)
+
 // Subscribe registers fn to receive every event delivered live by this hub,
 // of every topic, exactly once and in sequence order, until unsubscribe is
 // called. fn runs on the delivering goroutine: it must return quickly and
 // must not call Publish. unsubscribe may be called from inside fn; once it
-// returns, fn is not called again.
+// returns, fn is not called again. Rows the hub cannot deliver live (see
+// SubscribeWithGaps) are skipped without a word: a subscriber that must know
+// uses SubscribeWithGaps.
 func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
-	return h.live.subscribeFunc(fn)
+	return h.live.subscribe(fn, nil)
+}
+
+// SubscribeWithGaps is Subscribe for a subscriber that must know when it
+// misses something: fn receives events as with Subscribe, and gap is called
+// for every hole, before any event that follows it and on the same
+// goroutine, so the two callbacks together see the live history in order.
+// A hole is a range of rows this hub could not deliver live: rows retention
+// deleted (or that could not be read) before delivery, or a log reset from
+// outside (see [Gap]). Treat a gap as "re-sync from a snapshot", as an SSE
+// client treats a gap frame. Either callback may be nil.
+func (h *EventHub) SubscribeWithGaps(fn func(Event), gap func(Gap)) (unsubscribe func()) {
+	return h.live.subscribe(fn, gap)
 }
 
 // Replay returns up to limit of the oldest events visible to topic whose
@@ -496,8 +608,9 @@ func (h *EventHub) LatestSequence(ctx context.Context) (int64, error) {
 	return h.log.LatestSequence(ctx)
 }
 
-// Stats reports the head and, for every topic that has had an SSE
-// connection since the hub was created, its active connection count.
+// Stats reports the head and, for every topic with an SSE connection open
+// or closed recently, its active connection count (see
+// TopicClientTracker.Snapshot for which idle topics are kept).
 func (h *EventHub) Stats(ctx context.Context) (Stats, error) {
 	head, err := h.LatestSequence(ctx)
 	if err != nil {
@@ -524,8 +637,15 @@ func (h *EventHub) Log() *EventLog { return h.log }
 func (h *EventHub) Clients() *TopicClientTracker { return h.clients }
 
 // Close stops tailing and retention, ends every open SSE stream, waits for
-// every goroutine the hub started, and lets pending publishes finish.
-// Publishes after Close return ErrClosed. Close does not close the *sql.DB.
+// every goroutine the hub started, and lets a publish already being
+// committed finish if it can within closeGrace (half a second). Past that —
+// another process holding the write lock, say — the commit is cancelled and
+// its publishes return ErrClosed: nothing was stored. So Close returns within
+// about a second whatever another process does. Should the writer not stop
+// even then (a cancelled database call that does not return), Close gives up
+// on it after another second, returns an error, and its publishes return
+// ErrOutcomeUnknown. Publishes after Close return ErrClosed. Close does not
+// close the *sql.DB.
 func (h *EventHub) Close() error {
 	h.mu.Lock()
 	if h.closed {
@@ -539,12 +659,47 @@ func (h *EventHub) Close() error {
 		s.kill()
 	}
 	h.mu.Unlock()
-	h.wg.Wait()
+	stopped := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(stopped)
+	}()
+	timer := time.NewTimer(closeGrace)
+	defer timer.Stop()
+	select {
+	case <-stopped:
+	case <-timer.C:
+		h.writeCancel()
+		timer.Reset(closeAbandon)
+		select {
+		case <-stopped:
+		case <-timer.C:
+			close(h.abandoned)
+			go func() { // release the writer's connection when it stops at last
+				<-stopped
+				h.writeMu.Lock()
+				h.store.close()
+				h.writeMu.Unlock()
+			}()
+			h.logger.Error("replayd: close: the writer did not stop after its commit was cancelled; abandoning it",
+				"waited", closeGrace+closeAbandon)
+			return fmt.Errorf("replayd: close: the writer did not stop within %v; publishes in flight return ErrOutcomeUnknown",
+				closeGrace+closeAbandon)
+		}
+	}
+	h.writeCancel()
 	h.writeMu.Lock()
 	h.store.close()
 	h.writeMu.Unlock()
 	return nil
 }
+
+// closeGrace is how long Close lets a commit in flight finish before
+// cancelling it; closeAbandon how long it then waits for the writer to stop.
+const (
+	closeGrace   = 500 * time.Millisecond
+	closeAbandon = time.Second
+)
 
 // goLoop runs fn on a goroutine that Close waits for, unless the hub is
 // closed already.

@@ -29,7 +29,39 @@ type live struct {
 
 type funcSub struct {
 	fn   func(Event)
+	gap  func(Gap) // nil: a plain Subscribe
 	gone atomic.Bool
+}
+
+// Gap reasons: why a [Gap] happened. They are the SSE gap frame's reasons
+// where the cases match.
+const (
+	// GapPruned: retention deleted the rows before they could be delivered.
+	GapPruned = "pruned"
+	// GapUnreadable: the rows could not be read from the log (a database
+	// error), so they cannot be delivered in order.
+	GapUnreadable = "unreadable"
+	// GapUnknownCursor: the log was reset or replaced from outside (a new
+	// database file, or every row deleted and the sequence reset), so the
+	// head fell below the live position. Sequences start again: events
+	// after this gap have lower sequences than those before it.
+	GapUnknownCursor = "unknown_cursor"
+)
+
+// A Gap tells an in-process subscriber (see [EventHub.SubscribeWithGaps])
+// that rows will not be delivered to it live. Events after the gap have
+// sequences above Through.
+type Gap struct {
+	Reason string // GapPruned, GapUnreadable or GapUnknownCursor
+	// After is the live position before the gap: the highest sequence the
+	// hub had delivered (or passed over with nobody subscribed).
+	After int64
+	// From and Through are the first and last sequence of the hole; some of
+	// its sequences may never have been used. For GapPruned and
+	// GapUnreadable, From is After+1. For GapUnknownCursor, the hole is the
+	// new log's rows up to Through: From is 1, and the range is empty
+	// (Through is 0) when the new log had none yet.
+	From, Through int64
 }
 
 // liveEvent is an event on its way to subscribers, with its SSE frame
@@ -43,8 +75,13 @@ func (l *live) init() {
 	l.byTopic = make(map[string]map[*stream]struct{})
 }
 
-func (l *live) subscribeFunc(fn func(Event)) func() {
-	sub := &funcSub{fn: fn}
+func (l *live) subscribeFunc(fn func(Event)) func() { return l.subscribe(fn, nil) }
+
+func (l *live) subscribe(fn func(Event), gap func(Gap)) func() {
+	if fn == nil {
+		fn = func(Event) {}
+	}
+	sub := &funcSub{fn: fn, gap: gap}
 	l.subsMu.Lock()
 	l.funcs = append(l.funcs[:len(l.funcs):len(l.funcs)], sub)
 	l.subsMu.Unlock()
@@ -139,6 +176,19 @@ func pushAll(set map[*stream]struct{}, ev *Event, le *liveEvent) *liveEvent {
 	return le
 }
 
+// gap tells every subscriber that asked for gaps about g. l.mu must be held,
+// so g reaches them in order with the events.
+func (l *live) gap(g Gap) {
+	l.subsMu.Lock()
+	funcs := l.funcs
+	l.subsMu.Unlock()
+	for _, sub := range funcs {
+		if sub.gap != nil && !sub.gone.Load() {
+			sub.gap(g)
+		}
+	}
+}
+
 // catchUpPage is how many rows one log read brings while catching up.
 const catchUpPage = 1000
 
@@ -149,6 +199,21 @@ const catchUpPage = 1000
 func (h *EventHub) deliver(after int64, rows []Event) {
 	h.live.mu.Lock()
 	defer h.live.mu.Unlock()
+	if len(rows) > 0 && rows[0].Sequence <= h.live.pos {
+		// Either the tail delivered these rows already, or the log was
+		// reset under the hub: the head, never below the position
+		// otherwise, tells.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		head, err := h.store.latestSequence(ctx)
+		cancel()
+		switch {
+		case err != nil:
+			h.logger.Error("replayd: cannot read the head to tell a reset log from rows already delivered",
+				"from", rows[0].Sequence, "livePosition", h.live.pos, "err", err)
+		case head < h.live.pos:
+			h.logReset(head, after)
+		}
+	}
 	if !h.live.hasSubscribers() {
 		// Nobody to deliver to: skip reading other writers' rows. A
 		// subscriber that arrives later reads the head after subscribing,
@@ -165,6 +230,7 @@ func (h *EventHub) deliver(after int64, rows []Event) {
 			h.logger.Error("replayd: cannot read rows committed by another process; reconnecting streams",
 				"from", h.live.pos+1, "through", after, "err", err)
 			h.resync()
+			h.live.gap(Gap{Reason: GapUnreadable, After: h.live.pos, From: h.live.pos + 1, Through: after})
 			h.live.pos = after
 		}
 	}
@@ -190,9 +256,14 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 			return 0, err
 		}
 		if mark > from {
+			// Every row up to mark is gone, so the hole ends there, or at
+			// through, beyond which this call delivers nothing.
+			hole := min(mark, through)
 			h.logger.Warn("replayd: rows were pruned before live delivery; reconnecting streams",
-				"from", from+1, "through", mark)
+				"from", from+1, "through", hole)
 			h.resync()
+			h.live.gap(Gap{Reason: GapPruned, After: from, From: from + 1, Through: hole})
+			h.live.pos = hole
 		}
 	}
 	// A page that reaches through has read every row up to it, even when
@@ -208,6 +279,21 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		h.live.pos = through // nothing else is committed up to through
 	}
 	return n, nil
+}
+
+// logReset handles a head below the live position: the log was reset or
+// replaced from outside, and its sequences start again. Like a cursor above
+// the head (SPEC §4.4, unknown_cursor), every stream ends, so its client
+// reconnects, is told by an unknown_cursor gap and goes on from the new head;
+// gap subscribers are told the same; the live position moves down to
+// through, above which rows are delivered again. The caller holds
+// h.live.mu.
+func (h *EventHub) logReset(head, through int64) {
+	h.logger.Warn("replayd: the log's head is below the live position: the log was reset or replaced; reconnecting streams",
+		"head", head, "livePosition", h.live.pos)
+	h.resync()
+	h.live.gap(Gap{Reason: GapUnknownCursor, After: h.live.pos, From: 1, Through: through})
+	h.live.pos = through
 }
 
 // resync ends every open stream so that its client reconnects and resumes

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -110,6 +111,19 @@ func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
 // write gives up.
 func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
 	o := &h.opts.SSE
+	if !canFlush(w) {
+		// Without flushing nothing reaches the client until the handler
+		// returns: a stream that can never work. Refused before anything
+		// is subscribed or read.
+		if h.noFlushLogged.CompareAndSwap(false, true) {
+			h.logger.Error("replayd: the http.ResponseWriter cannot flush: every SSE stream is refused with 500. "+
+				"A middleware's ResponseWriter must implement http.Flusher, or Unwrap() to one (see http.ResponseController)",
+				"type", fmt.Sprintf("%T", w))
+		}
+		http.Error(w, "server misconfigured: the ResponseWriter has no Flush (nor Unwrap), so events cannot be streamed",
+			http.StatusInternalServerError)
+		return
+	}
 	topic := "" // TODO(scope): several topics per stream
 	if len(topics) > 0 {
 		topic = topics[0]
@@ -126,15 +140,16 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		return
 	}
 	defer h.removeStream(s)
+	defer func() {
+		if s.wasCut() {
+			h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
+				"topics", topics, "remote", r.RemoteAddr, "maxBufferedBytes", s.max)
+		}
+	}()
 	h.clients.opened(topics)
 	defer h.clients.closed(topics)
 	h.metrics.connOpened(transportSSE)
 	defer h.metrics.connClosed(transportSSE)
-	defer func() {
-		if s.cutOff() {
-			h.logger.Info("replayd: slow consumer disconnected", "topic", topic, "remote", r.RemoteAddr)
-		}
-	}()
 
 	// Subscribe before reading the head: every row committed later is
 	// queued on s, every row committed earlier is at or below the head.
@@ -153,7 +168,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	hs, err := h.readHandshake(ctx, topic, readFrom)
 	if err != nil {
 		if ctx.Err() == nil {
-			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "remote", r.RemoteAddr, "err", err)
+			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "remote", r.RemoteAddr, "err", err)
 			endEarly(w, "event log unavailable")
 		}
 		return
@@ -235,6 +250,22 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 			return
 		case <-h.done:
 			return
+		}
+	}
+}
+
+// canFlush reports whether w can flush, found out as http.ResponseController
+// does but without flushing: w, or a writer its Unwrap chain leads to,
+// implements http.Flusher or FlushError.
+func canFlush(w http.ResponseWriter) bool {
+	for {
+		switch t := w.(type) {
+		case http.Flusher, interface{ FlushError() error }:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return false
 		}
 	}
 }
@@ -334,7 +365,7 @@ type stream struct {
 	spare    []*liveEvent // the drained queue, reused
 	queued   int          // bytes pushed and not yet written
 	dead     bool         // over the cap or killed: the stream must end
-	cut      bool         // killed for going over the cap
+	cut      bool         // killed for passing the cap
 	deadline time.Time    // the write deadline set last
 }
 
@@ -345,7 +376,10 @@ func (s *stream) push(le *liveEvent) {
 		s.mu.Unlock()
 		return
 	}
-	if s.max >= 0 && s.queued+len(le.frame) > s.max {
+	// The cap applies only once something is unsent, so a frame of any
+	// size Publish accepts always fits an empty queue. Frames are shared by
+	// every connection, so the one frame costs a connection no memory.
+	if s.max >= 0 && s.queued > 0 && s.queued+len(le.frame) > s.max {
 		s.m.slowConsumerCut()
 		s.cut = true
 		s.killLocked()
@@ -365,8 +399,8 @@ func (s *stream) push(le *liveEvent) {
 	}
 }
 
-// cutOff reports whether the stream was ended for going over its cap.
-func (s *stream) cutOff() bool {
+// wasCut reports whether the stream was ended for passing its cap.
+func (s *stream) wasCut() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cut

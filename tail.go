@@ -22,7 +22,9 @@ const defaultTailInterval = 200 * time.Millisecond
 // hub's own publishes: every row exactly once, in sequence order. Use it in
 // a process that serves SSE while others publish. interval <= 0 means
 // 200ms. An idle poll reads only the head, one indexed row; a database
-// error is logged and retried with back-off.
+// error is logged and retried with back-off. A head below the live
+// position (the log was reset or replaced) ends every stream and moves the
+// live position to the new head; see SubscribeWithGaps and GapUnknownCursor.
 //
 // A second StartTail returns ErrAlreadyTailing until stop is called; stop
 // waits for the poller to exit and is safe to call more than once.
@@ -74,6 +76,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 		}
 		n, err := h.poll(ctx)
 		h.metrics.tailPolled()
+		h.checkLogFile(true) // logs a deleted or replaced file; Publish refuses
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
@@ -101,6 +104,17 @@ func (h *EventHub) poll(ctx context.Context) (int, error) {
 	}
 	h.live.mu.Lock()
 	defer h.live.mu.Unlock()
+	if head < h.live.pos {
+		// Either a publish moved the position past the head read before
+		// the lock, or the log was reset: a head read now tells.
+		if head, err = h.store.latestSequence(ctx); err != nil {
+			return 0, err
+		}
+		if head < h.live.pos {
+			h.logReset(head, head)
+			return 0, nil
+		}
+	}
 	switch {
 	case head <= h.live.pos:
 		h.metrics.tailLag(0)

@@ -3,9 +3,11 @@ package replaydprom_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -257,18 +259,35 @@ func TestMetricsOverHTTP(t *testing.T) {
 	w.published += 3
 	w.live = 3
 
-	// A slow consumer: its queue cannot take the next frame, which is
-	// bigger than MaxBufferedBytes on its own, so it is cut off at once
-	// and no frame is queued to it (a deterministic cut; how much a
-	// consumer that merely reads slowly gets first depends on socket
-	// buffers).
-	slow := dial(t, srv.URL+"?topic=c", "")
-	slow.expect(t, "hello")
+	// A slow consumer: a raw connection that sends its request and never
+	// reads. Big events on its topic fill the socket buffers until its
+	// queue passes MaxBufferedBytes; every frame queued before that counts
+	// as a live frame, the one that did not fit does not.
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /?topic=slow HTTP/1.1\r\nHost: %s\r\n\r\n", srv.Listener.Addr())
+	waitConnections(t, h, 2)
 	w.replayedSSE = append(w.replayedSSE, 0)
-	last := publish("c", strings.Repeat("x", 5000))
-	w.published++
-	slow.expectEnd(t)
+	big := json.RawMessage(`"` + strings.Repeat("x", 64<<10) + `"`)
+	var last replayd.Event
+	for k := 1; h.Metrics().SlowConsumerDisconnects == 0; k++ {
+		if k > 2000 { // 128 MiB: far more than socket buffers hold
+			t.Fatal("the slow consumer was never cut off")
+		}
+		last = publish("slow", big)
+		w.published++
+		w.live++
+	}
+	w.live-- // the frame that did not fit
 	w.slow = 1
+	conn.SetReadDeadline(time.Now().Add(waitFor))
+	if _, err := io.Copy(io.Discard, conn); err != nil {
+		t.Fatalf("slow connection not closed by the server: %v", err)
+	}
+	waitConnections(t, h, 1)
 
 	// Refused: a foreign origin (403) and an invalid topic (400).
 	if code := status(t, srv.URL+"?topic=a", "https://elsewhere.example"); code != http.StatusForbidden {
@@ -292,7 +311,7 @@ func TestMetricsOverHTTP(t *testing.T) {
 	waitConnections(t, h, 0)
 	w.head = last.Sequence
 	compare(t, reg, w)
-	checkPublishDuration(t, reg, 10)
+	checkPublishDuration(t, reg, uint64(w.published+w.duplicates))
 }
 
 // A hub whose log cannot be read still exports its counters; only the head

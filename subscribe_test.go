@@ -1,0 +1,286 @@
+package replayd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// subRecorder records what a SubscribeWithGaps subscriber is told, in order:
+// "e<seq>" for an event, "gap <reason> <after> <from>-<through>" for a gap.
+type subRecorder struct {
+	mu    sync.Mutex
+	items []string
+	seen  chan struct{} // signalled after every item
+}
+
+func recordSubscriber(h *EventHub) *subRecorder {
+	r := &subRecorder{seen: make(chan struct{}, 1)}
+	h.SubscribeWithGaps(func(ev Event) {
+		r.add(fmt.Sprintf("e%d", ev.Sequence))
+	}, func(g Gap) {
+		r.add(fmt.Sprintf("gap %s %d %d-%d", g.Reason, g.After, g.From, g.Through))
+	})
+	return r
+}
+
+func (r *subRecorder) add(s string) {
+	r.mu.Lock()
+	r.items = append(r.items, s)
+	r.mu.Unlock()
+	select {
+	case r.seen <- struct{}{}:
+	default:
+	}
+}
+
+func (r *subRecorder) snapshot() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.items...)
+}
+
+// waitFor waits until the recorder holds n items and returns them.
+func (r *subRecorder) wait(t testing.TB, n int) []string {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for {
+		if got := r.snapshot(); len(got) >= n {
+			return got
+		}
+		select {
+		case <-r.seen:
+		case <-deadline:
+			t.Fatalf("subscriber got %q, want %d items", r.snapshot(), n)
+		}
+	}
+}
+
+// Rows another process committed and retention deleted before this hub
+// delivered them live: a SubscribeWithGaps subscriber is told, before the
+// next event, instead of skipping them silently.
+func TestSubscribeGapWhenRowsPrunedBeforeLiveDelivery(t *testing.T) {
+	db, path := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	db2, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	other := newTestHub(t, db2, Options{})
+
+	first := mustPublish(t, h, "", "before") // the live position is first
+	rec := recordSubscriber(h)
+	var plain []int64
+	h.Subscribe(func(ev Event) { plain = append(plain, ev.Sequence) })
+	for range 3 { // committed by "another process"; h has no tail
+		mustPublish(t, other, "a", "unseen")
+	}
+	if _, err := db.Exec(`UPDATE events SET created_at = created_at - 60000`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := other.Prune(context.Background(), RetentionPolicy{MaxAge: time.Second}); err != nil || n != 4 {
+		t.Fatalf("pruned %d, %v", n, err)
+	}
+	ev := mustPublish(t, h, "", "next") // h learns of the hole now
+	want := []string{
+		fmt.Sprintf("gap pruned %d %d-%d", first.Sequence, first.Sequence+1, first.Sequence+3),
+		fmt.Sprintf("e%d", ev.Sequence),
+	}
+	if got := rec.wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("subscriber got %q, want %q", got, want)
+	}
+	// A plain Subscribe still works, without being told.
+	if fmt.Sprint(plain) != fmt.Sprint([]int64{ev.Sequence}) {
+		t.Fatalf("plain subscriber got %v", plain)
+	}
+}
+
+// resetLog empties the log from outside, as a new database would: every row
+// and watermark deleted and the sequence started again.
+func resetLog(t testing.TB, path string) {
+	t.Helper()
+	db, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{
+		`DELETE FROM events`,
+		`DELETE FROM events_prune_watermarks`,
+		`UPDATE sqlite_sequence SET seq = 0 WHERE name = 'events'`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// ended waits for c's stream to end, failing the test if an event arrives
+// or nothing happens in time.
+func (c *sseClient) ended(what string) {
+	c.t.Helper()
+	for {
+		f, err := c.nextErr(waitFor)
+		switch {
+		case errors.Is(err, errTimeout):
+			c.t.Fatalf("%s: the stream neither ended nor delivered", what)
+		case err != nil:
+			return
+		case f.Event != "heartbeat":
+			c.t.Fatalf("%s: the stream went on with %+v", what, f)
+		}
+	}
+}
+
+// After the log is reset from outside, the head is below the hub's live
+// position. A tailing hub must notice (not wait until the sequence passes
+// its old position): it ends its streams, whose clients reconnect with an
+// unknown_cursor gap, tells gap subscribers, and then delivers live again,
+// to clients connected before and after the reset alike.
+func TestTailLogResetDeliversLive(t *testing.T) {
+	db, path := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := serve(t, h)
+	var old int64
+	for range 5 {
+		old = mustPublish(t, h, "a", "old").Sequence
+	}
+	rec := recordSubscriber(h)
+	before := dial(t, srv.URL+"?topic=a", nil)
+	before.hello()
+
+	resetLog(t, path)
+	after := dial(t, srv.URL+"?topic=a", nil) // after the reset, before the hub knows
+	if _, _, cursor, _ := after.hello(); cursor != 0 {
+		t.Fatalf("hello cursor %d after the reset, want 0", cursor)
+	}
+	stop, err := h.StartTail(10*time.Millisecond, TailOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	// The tail notices: every stream ends, and subscribers are told.
+	before.ended("connected before the reset")
+	after.ended("connected after the reset")
+	want := fmt.Sprintf("gap unknown_cursor %d 1-0", old)
+	if got := rec.wait(t, 1); got[0] != want {
+		t.Fatalf("subscriber got %q, want %q", got, want)
+	}
+	// The clients reconnect with their last ids.
+	before = dial(t, srv.URL+"?topic=a", lastID(old))
+	before.hello()
+	if g := parseGap(t, before.next()); g.Reason != "unknown_cursor" {
+		t.Fatalf("gap %s", gapString(g))
+	}
+	after = dial(t, srv.URL+"?topic=a", lastID(0))
+	after.hello()
+	late := dial(t, srv.URL+"?topic=a", nil)
+	late.hello()
+
+	// Another process publishes into the new log: live for everyone.
+	db2, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	other := newTestHub(t, db2, Options{})
+	ev := mustPublish(t, other, "a", "new")
+	if ev.Sequence >= old {
+		t.Fatalf("new sequence %d is not below the old %d: no reset", ev.Sequence, old)
+	}
+	for name, c := range map[string]*sseClient{"before": before, "after": after, "late": late} {
+		if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) || f.Data != `"new"` {
+			t.Fatalf("client connected %s the reset got %+v, want id %d", name, f, ev.Sequence)
+		}
+	}
+	if got := rec.wait(t, 2); got[1] != fmt.Sprintf("e%d", ev.Sequence) {
+		t.Fatalf("subscriber got %q", got)
+	}
+}
+
+// A hub that publishes into a log reset under it must not drop its own
+// events because their sequences are below its live position.
+func TestPublishAfterLogResetDeliversLive(t *testing.T) {
+	db, path := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := serve(t, h)
+	var old int64
+	for range 5 {
+		old = mustPublish(t, h, "", "old").Sequence
+	}
+	rec := recordSubscriber(h)
+	c := dial(t, srv.URL, nil)
+	c.hello()
+
+	resetLog(t, path)
+	ev := mustPublish(t, h, "", "new")
+	want := []string{fmt.Sprintf("gap unknown_cursor %d 1-%d", old, ev.Sequence-1), fmt.Sprintf("e%d", ev.Sequence)}
+	if got := rec.wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("subscriber got %q, want %q", got, want)
+	}
+	c.ended("connected before the reset")
+	c = dial(t, srv.URL, lastID(old))
+	c.hello()
+	if g := parseGap(t, c.next()); g.Reason != "unknown_cursor" {
+		t.Fatalf("gap %s", gapString(g))
+	}
+	next := mustPublish(t, h, "", "next")
+	if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(next.Sequence) {
+		t.Fatalf("after the reset: %+v, want id %d", f, next.Sequence)
+	}
+}
+
+// faultyStore is a hub's store with faults injected: reads above the live
+// position fail while failReads is set.
+type faultyStore struct {
+	store
+	failReads atomic.Bool
+}
+
+func (s *faultyStore) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
+	if s.failReads.Load() {
+		return nil, errors.New("injected read failure")
+	}
+	return s.store.readAfter(ctx, after, limit)
+}
+
+// Rows another process committed that this hub cannot read (a database
+// error) cannot be delivered in order: a gap subscriber is told before the
+// next event, and streams end so their clients resume from the log.
+func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
+	db, path := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := serve(t, h)
+	db2, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db2.Close()
+	other := newTestHub(t, db2, Options{})
+
+	first := mustPublish(t, h, "", "before")
+	fs := &faultyStore{store: h.store}
+	h.store = fs // the writer reads it only after the next publish hands it an event
+	rec := recordSubscriber(h)
+	c := dial(t, srv.URL, nil)
+	c.hello()
+	for range 3 {
+		mustPublish(t, other, "a", "unread")
+	}
+	fs.failReads.Store(true)
+	ev := mustPublish(t, h, "", "next")
+	want := []string{
+		fmt.Sprintf("gap unreadable %d %d-%d", first.Sequence, first.Sequence+1, first.Sequence+3),
+		fmt.Sprintf("e%d", ev.Sequence),
+	}
+	if got := rec.wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("subscriber got %q, want %q", got, want)
+	}
+	c.ended("connected before the unreadable rows")
+}
