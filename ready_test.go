@@ -24,12 +24,12 @@ func getReady(t *testing.T, h *EventHub) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-func readyWithin(h *EventHub, d time.Duration) (error, time.Duration) {
+func readyWithin(h *EventHub, d time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	start := time.Now()
 	err := h.Ready(ctx)
-	return err, time.Since(start)
+	return time.Since(start), err
 }
 
 // Ready answers nil on a healthy file, writes nothing, and leaves the
@@ -51,7 +51,7 @@ func TestReady(t *testing.T) {
 			}
 			ev := mustPublish(t, h, "a", 1)
 			for range 3 {
-				if err, _ := readyWithin(h, waitFor); err != nil {
+				if _, err := readyWithin(h, waitFor); err != nil {
 					t.Fatalf("Ready: %v", err)
 				}
 			}
@@ -65,7 +65,7 @@ func TestReady(t *testing.T) {
 				t.Fatalf("publish after Ready got %d", ev2.Sequence)
 			}
 			h.Close()
-			if err, _ := readyWithin(h, waitFor); !errors.Is(err, ErrClosed) {
+			if _, err := readyWithin(h, waitFor); !errors.Is(err, ErrClosed) {
 				t.Fatalf("Ready after Close: %v", err)
 			}
 			if code, body := getReady(t, h); code != http.StatusServiceUnavailable || body != "not ready\n" {
@@ -108,7 +108,7 @@ func TestReadyLockedDatabase(t *testing.T) {
 	defer unlock()
 
 	const deadline = 300 * time.Millisecond
-	err, took := readyWithin(h, deadline)
+	took, err := readyWithin(h, deadline)
 	if !errors.Is(err, context.DeadlineExceeded) || took > deadline+time.Second {
 		t.Fatalf("Ready on a locked database: %v after %v, want a deadline error within %v", err, took, deadline)
 	}
@@ -129,7 +129,7 @@ func TestReadyLockedDatabase(t *testing.T) {
 		}
 		return true
 	})
-	err, took = readyWithin(h, deadline)
+	took, err = readyWithin(h, deadline)
 	if !errors.Is(err, context.DeadlineExceeded) || took > deadline+time.Second {
 		t.Fatalf("Ready behind a waiting writer: %v after %v", err, took)
 	}
@@ -138,7 +138,7 @@ func TestReadyLockedDatabase(t *testing.T) {
 	if err := <-published; err != nil {
 		t.Fatalf("publish once unlocked: %v", err)
 	}
-	if err, _ := readyWithin(h, waitFor); err != nil {
+	if _, err := readyWithin(h, waitFor); err != nil {
 		t.Fatalf("Ready once unlocked: %v", err)
 	}
 	mustPublish(t, h, "a", 3)

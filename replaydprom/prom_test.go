@@ -445,18 +445,6 @@ func (s *stream) expect(t *testing.T, events ...string) {
 	}
 }
 
-// expectEnd waits for the server to end the stream, with no frame first.
-func (s *stream) expectEnd(t *testing.T) {
-	t.Helper()
-	select {
-	case got := <-s.events:
-		t.Fatalf("frame %q before the end", got)
-	case <-s.done:
-	case <-time.After(waitFor):
-		t.Fatal("stream not ended")
-	}
-}
-
 func (s *stream) close() {
 	s.cancel()
 	s.resp.Body.Close()
