@@ -235,6 +235,7 @@ func (h *EventHub) deliver(after int64, rows []Event) {
 		}
 	}
 	h.live.dispatch(rows)
+	h.metrics.flushLiveFrames()
 }
 
 // catchUp reads at most limit rows above the live position, stopping at
@@ -275,6 +276,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		rows = rows[:len(rows)-1]
 	}
 	h.live.dispatch(rows)
+	h.metrics.flushLiveFrames()
 	if (n < limit || reached) && h.live.pos < through {
 		h.live.pos = through // nothing else is committed up to through
 	}
