@@ -93,3 +93,14 @@ func TestMetricsTailLag(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkMetricsRecord is the recording a publish adds: one duration
+// observation and one counter.
+func BenchmarkMetricsRecord(b *testing.B) {
+	var m metrics
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		m.publishDuration(time.Duration(i&0xffff) * time.Microsecond)
+		m.publishedEvents(1)
+	}
+}
