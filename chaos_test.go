@@ -87,11 +87,18 @@ type chaosEnv struct {
 	finishDeadline chan struct{} // closed when clients must give up on the fence
 	fence          atomic.Int64
 
+	// Admission on hub A: Authorize refuses every scope that names a topic
+	// of denied ("" stands for the global scope), and MaxConnections is
+	// small enough to refuse some requests with the overload answer.
+	denied        map[string]bool
+	overloadRetry time.Duration
+
 	connSeq atomic.Int64
 	stats   struct {
 		publishes, retries, retriesSame, retriesNew, publishB atomic.Int64
 		pruneCalls, pruned, restarts, resyncs                 atomic.Int64
 		badStatus, dropped                                    atomic.Int64
+		forbidden, overloaded, servedAfterOverload            atomic.Int64
 	}
 }
 
@@ -125,19 +132,42 @@ func TestChaos(t *testing.T) {
 	t.Cleanup(func() { dbB.Close() })
 	e.dbB = dbB
 
-	e.optsA = Options{SSE: SSEOptions{
-		ReplayLimit:       []int{10, 40, 100}[rng.IntN(3)],
-		HeartbeatInterval: 250 * time.Millisecond,
-		Retry:             time.Second,
-		MaxBufferedBytes:  48 << 10, // slow readers get disconnected here
-	}}
+	e.denied = map[string]bool{"": rng.IntN(4) == 0} // "": the global scope
+	for _, i := range rng.Perm(len(chaosTopics))[:1+rng.IntN(2)] {
+		e.denied[chaosTopics[i]] = true
+	}
+	e.overloadRetry = 50 * time.Millisecond
+	e.optsA = Options{
+		SSE: SSEOptions{
+			ReplayLimit:       []int{10, 40, 100}[rng.IntN(3)],
+			HeartbeatInterval: 250 * time.Millisecond,
+			Retry:             time.Second,
+			MaxBufferedBytes:  48 << 10, // slow readers get disconnected here
+			// About 60% of 28 clients use hub A: a cap of 12 to 17 bites
+			// now and then, and more while the clients wait for the fence.
+			MaxConnections: 12 + rng.IntN(6),
+			OverloadRetry:  e.overloadRetry,
+		},
+		Authorize: func(r *http.Request, topics []string) error {
+			if len(topics) == 0 && e.denied[""] {
+				return errors.New("chaos: the global scope is denied")
+			}
+			for _, topic := range topics {
+				if e.denied[topic] {
+					return fmt.Errorf("chaos: topic %q is denied", topic)
+				}
+			}
+			return nil
+		},
+	}
 	e.optsB = Options{SSE: SSEOptions{
 		ReplayLimit:       []int{-1, 25, 300}[rng.IntN(3)],
 		HeartbeatInterval: 100 * time.Millisecond,
 		MaxBufferedBytes:  256 << 10,
 	}}
 	e.limitA, e.limitB = max(e.optsA.SSE.ReplayLimit, 0), max(e.optsB.SSE.ReplayLimit, 0)
-	t.Logf("duration %v; hub A replay limit %d, hub B replay limit %d", duration, e.limitA, e.limitB)
+	t.Logf("duration %v; hub A replay limit %d, max connections %d, denied scopes %v; hub B replay limit %d",
+		duration, e.limitA, e.optsA.SSE.MaxConnections, e.denied, e.limitB)
 
 	e.hubA = newTestHub(t, e.db, e.optsA)
 	subA := chaosSubscribe(e.hubA)
@@ -568,6 +598,7 @@ type chaosConn struct {
 	via         string // "header" or "query"
 	behaviour   string
 	status      int
+	overloaded  bool // refused by hub A's MaxConnections: only a retry, then the end
 	frames      []chaosFrame
 	heartbeats  int
 	end         string
@@ -659,13 +690,30 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 		}
 		reached := e.run(c, lastID, life, closeAfter, pauseAfter, pause)
 		res.conns = append(res.conns, c)
-		// The next connection resumes from the last id this one received,
-		// as an EventSource would.
-		for _, f := range c.frames {
-			if f.kind == 'h' || f.kind == 'e' {
-				lastID = strconv.FormatInt(f.seq, 10)
+		for c.overloaded && !reached {
+			// Refused by the overload answer: an EventSource comes back
+			// after the retry it was told, with the same request (the
+			// answer carried no id).
+			if !e.overloadWait(c) {
+				return res
+			}
+			prev := c
+			c = &chaosConn{id: int(e.connSeq.Add(1)), client: idx, hub: prev.hub, topic: prev.topic,
+				mode: prev.mode, sent: prev.sent, via: prev.via, behaviour: prev.behaviour}
+			select {
+			case <-e.finish:
+				life, closeAfter, pauseAfter = 0, 0, 0
+			default:
+			}
+			reached = e.run(c, lastID, life, closeAfter, pauseAfter, pause)
+			res.conns = append(res.conns, c)
+			if !c.overloaded && c.status == http.StatusOK {
+				e.stats.servedAfterOverload.Add(1)
 			}
 		}
+		// The next connection resumes from the last id this one received,
+		// as an EventSource would.
+		lastID = chaosLastID(c, lastID)
 		if reached {
 			res.reachedFence = true
 			return res
@@ -683,11 +731,45 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 	}
 }
 
+// chaosLastID returns the id a client resumes from after c: the last id c
+// received, or lastID if it received none.
+func chaosLastID(c *chaosConn, lastID string) string {
+	for _, f := range c.frames {
+		if f.kind == 'h' || f.kind == 'e' {
+			lastID = strconv.FormatInt(f.seq, 10)
+		}
+	}
+	return lastID
+}
+
+// overloadWait waits the retry the overload answer told c, as an
+// EventSource would; false if the finish deadline came first.
+func (e *chaosEnv) overloadWait(c *chaosConn) bool {
+	ms, _ := strconv.ParseInt(c.frames[0].data, 10, 64)
+	wait := time.NewTimer(time.Duration(ms) * time.Millisecond)
+	defer wait.Stop()
+	select {
+	case <-wait.C:
+		return true
+	case <-e.finishDeadline:
+		return false
+	}
+}
+
 // run makes one connection and reads it until it is done; it reports
 // whether the connection reached the fence.
 func (e *chaosEnv) run(c *chaosConn, lastID string, life time.Duration, closeAfter, pauseAfter int, pause time.Duration) (reached bool) {
 	c.start = time.Since(e.start)
-	defer func() { c.stop = time.Since(e.start) }()
+	defer func() {
+		c.stop = time.Since(e.start)
+		// Hub A's streams begin with "retry: 1000"; the overload answer's
+		// retry is in [1x, 2x] OverloadRetry, and nothing follows it.
+		if c.hub == "A" && len(c.frames) == 1 && c.frames[0].kind == 'r' && c.frames[0].data != "1000" {
+			c.overloaded = true
+			c.end = "overload answer"
+			e.stats.overloaded.Add(1)
+		}
+	}()
 	base := e.urlA
 	if c.hub == "B" {
 		base = e.urlB
@@ -725,6 +807,12 @@ func (e *chaosEnv) run(c *chaosConn, lastID string, life time.Duration, closeAft
 		return false
 	}
 	c.status = resp.StatusCode
+	if resp.StatusCode == http.StatusForbidden && c.hub == "A" && e.denied[c.topic] {
+		resp.Body.Close()
+		c.end = "refused by Authorize"
+		e.stats.forbidden.Add(1)
+		return false
+	}
 	if resp.StatusCode != http.StatusOK {
 		resp.Body.Close()
 		c.end = "status " + resp.Status
@@ -956,6 +1044,12 @@ func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elap
 			if c.status != http.StatusOK {
 				continue
 			}
+			if c.overloaded {
+				if _, err := e.checkConn(v, c, head); err != nil {
+					violations = append(violations, e.trace(v, c, err))
+				}
+				continue
+			}
 			conns++
 			modes[c.mode]++
 			ends[strings.TrimRight(strings.SplitN(strings.SplitN(c.end, " (", 2)[0], " frames", 2)[0], " 0123456789")]++
@@ -987,6 +1081,8 @@ func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elap
 		e.stats.pruneCalls.Load(), e.stats.pruned.Load(), e.stats.restarts.Load(), e.stats.resyncs.Load())
 	t.Logf("checked %d connections (%d frames, %d events of which %d replayed): modes %v; gaps %v; ends %v; %d more dropped before any response",
 		conns, frames, events, replayed, modes, gaps, ends, e.stats.dropped.Load())
+	t.Logf("hub A refused %d requests by Authorize and %d by MaxConnections; %d connections retried after the overload answer were served",
+		e.stats.forbidden.Load(), e.stats.overloaded.Load(), e.stats.servedAfterOverload.Load())
 	if len(violations) > 0 {
 		t.Errorf("%d connections violated the guarantee; seed %d", len(violations), e.seed)
 	}
@@ -1015,6 +1111,18 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 	limit := e.limitA
 	if c.hub == "B" {
 		limit = e.limitB
+	}
+	if c.hub == "A" && e.denied[c.topic] && !c.overloaded {
+		// The cap is checked before Authorize: a denied scope may get the
+		// overload answer, never a stream.
+		return st, fmt.Errorf("served a scope Authorize denies")
+	}
+	if c.overloaded {
+		ms, err := strconv.ParseInt(fs[0].data, 10, 64)
+		if lo := e.overloadRetry.Milliseconds(); err != nil || ms < lo || ms > 2*lo {
+			return st, fmt.Errorf("overload answer retry %q outside [%d, %d] ms", fs[0].data, lo, 2*lo)
+		}
+		return st, nil
 	}
 	if c.hub == "A" && len(fs) > 0 {
 		if fs[0].kind != 'r' || fs[0].data != "1000" {

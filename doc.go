@@ -26,8 +26,12 @@
 // and reaches every connection. A connection without a topic is global and
 // sees every event. The same rule decides live delivery, replay and gaps.
 //
-// [EventHub.Handler] is the SSE endpoint. The topic is the "topic" query
-// parameter (trimmed); the cursor is the Last-Event-ID header, or failing that
+// [EventHub.Handler] is the SSE endpoint; PROTOCOL.md in the repository
+// describes everything it accepts and sends: frames, hello, gaps, cursors,
+// scopes and status codes. The topic is the "topic" query parameter
+// (trimmed), which may be repeated to open several topics on one connection
+// (?topic=a&topic=b: their events and broadcasts); the cursor is the
+// Last-Event-ID header, or failing that
 // the lastEventId query parameter, so a page can start a stream from the
 // sequence it rendered. Each stream begins with a hello frame whose id is the
 // stream's cursor (the client's, or the head for a fresh client), so even a
@@ -47,6 +51,18 @@
 //
 // Every gap frame carries all six keys, and a client should treat any gap as
 // "re-sync from a snapshot".
+//
+// # Who may see what
+//
+// [Options].Authorize, when set, decides every stream request before
+// anything is read from the log, given the scope's topics (none for the
+// global scope). A nil error grants exactly that scope; an error refuses the
+// request, 401 when it wraps [ErrUnauthenticated], else 403, with a fixed
+// body. A stream ends as soon as its request's context is done, so
+// middleware that ties the context to the session revokes access at once.
+// SSEOptions.MaxConnections caps the open streams: past it a request gets
+// 200 with only a retry field, and an EventSource comes back by itself
+// between 1x and 2x SSEOptions.OverloadRetry later.
 //
 // # Live delivery, tail and slow consumers
 //
@@ -181,6 +197,22 @@
 //     the cursor moves back to the head the server names, and ids continue
 //     from there (strictly increasing again from the gap on). Events of
 //     types not asked for move the cursor without reaching onEvent.
+//   - Any query that does not parse (url.ParseQuery fails, for example on a
+//     ";" separator or a bad escape) is refused with 400, whichever
+//     parameter is malformed: net/url would drop the pair, and a dropped
+//     topic would widen the scope.
+//   - Authorize gets its own copy of the topics, nil for the global scope.
+//     It is not called for OPTIONS, nor for a request already refused by
+//     the method, origin, topic or connection checks. A 401 carries no
+//     WWW-Authenticate header: the scheme is the application's, so wrap
+//     the handler to add one.
+//   - A request holds its connection slot from admission, before Authorize
+//     runs, until its stream ends; a refused request gives it back at once.
+//     HEAD is admitted like GET and answers the same status, holding no
+//     slot once answered.
+//   - The overload answer is "retry: <ms>" and the comment
+//     ": server busy, retry later", then the response ends; it counts under
+//     the "overload" refusal reason.
 //   - [EventHub.Metrics] is a lock-free snapshot of counters and histograms
 //     that never reads the log; the head gauge is read apart, at scrape
 //     time, with LatestSequence: the log's head (what hello frames carry,

@@ -6,7 +6,7 @@ import (
 	"strconv"
 )
 
-// SSE frames (§4.3 of the spec). Every frame ends with a blank line; field
+// SSE frames (PROTOCOL.md describes them). Every frame ends with a blank line; field
 // values never hold CR or LF, because Publish rejects them in types and the
 // data is split into one "data:" line per payload line.
 

@@ -240,6 +240,10 @@ type EventHub struct {
 
 	live live
 
+	// conns counts open SSE streams and waiting long polls, against
+	// SSEOptions.MaxConnections (see acquireSlot).
+	conns atomic.Int64
+
 	ctx    context.Context // cancelled by Close: ends tail and retention
 	cancel context.CancelFunc
 	done   chan struct{} // closed by Close

@@ -22,7 +22,6 @@ type sseHandler EventHub
 
 func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := (*EventHub)(sh)
-	o := &h.opts.SSE
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 	case http.MethodOptions:
@@ -33,31 +32,29 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	if !h.allowOrigin(w, r) {
-		h.metrics.refused(refusedOrigin)
-		http.Error(w, "origin not allowed", http.StatusForbidden)
+	query, topics, release, ok := h.admit(w, r, transportSSE)
+	if !ok {
 		return
 	}
-	query := r.URL.Query()
-	topics, err := parseTopics(query, o.TopicParam, o.MaxTopics)
-	if err != nil {
-		h.metrics.refused(refusedBadRequest)
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
+	defer release()
 	rawCursor := r.Header.Get("Last-Event-ID")
 	if rawCursor == "" {
 		rawCursor = query.Get("lastEventId")
 	}
-	hdr := w.Header()
-	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
-	hdr.Set("Cache-Control", "no-cache, no-transform")
-	hdr.Set("X-Accel-Buffering", "no")
+	setStreamHeaders(w)
 	if r.Method == http.MethodHead {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
 	h.serveStream(w, r, topics, rawCursor)
+}
+
+// setStreamHeaders sets the headers of an SSE response (§4.3).
+func setStreamHeaders(w http.ResponseWriter) {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
+	hdr.Set("Cache-Control", "no-cache, no-transform")
+	hdr.Set("X-Accel-Buffering", "no")
 }
 
 // allowOrigin applies the origin policy of §4.2, setting the CORS response

@@ -154,13 +154,12 @@ func checkPublishDuration(t *testing.T, reg prometheus.Gatherer, count uint64) {
 // Known traffic through a real hub over real HTTP; every metric is then
 // exactly what that traffic implies.
 //
-// TODO(overload, authorize, poll): these paths do not exist on this branch
-// yet; once they do, add to this test: one request refused for overload
-// (SSEOptions.MaxConnections; reason "overload"), one Authorize 403
-// ("forbidden") and one 401 ("unauthenticated"), and one long poll that is
-// answered with events (replayd_connections{transport="poll"} up while it
-// waits and back to 0, one replayd_replayed_events{transport="poll"}
-// observation). Until then their series are checked to stay at 0.
+// TODO(poll): PollHandler does not exist on this branch yet; once it does,
+// add one long poll that is answered with events
+// (replayd_connections{transport="poll"} 1 while it waits and back to 0,
+// one replayd_replayed_events{transport="poll"} observation of their
+// number) and one poll refused for overload (503). Until then the poll
+// series are checked to stay at 0.
 func TestMetricsOverHTTP(t *testing.T) {
 	dir := t.TempDir()
 	db, err := replayd.OpenDB(filepath.Join(dir, "events.db"))
@@ -168,11 +167,23 @@ func TestMetricsOverHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	h, err := replayd.New(db, replayd.Options{SSE: replayd.SSEOptions{
-		ReplayLimit:       2,
-		MaxBufferedBytes:  4096,
-		HeartbeatInterval: -1,
-	}})
+	h, err := replayd.New(db, replayd.Options{
+		SSE: replayd.SSEOptions{
+			ReplayLimit:       2,
+			MaxBufferedBytes:  4096,
+			HeartbeatInterval: -1,
+			MaxConnections:    4,
+		},
+		Authorize: func(r *http.Request, topics []string) error {
+			switch r.Header.Get("X-Test-Auth") {
+			case "deny":
+				return errors.New("not this one")
+			case "anonymous":
+				return fmt.Errorf("no session: %w", replayd.ErrUnauthenticated)
+			}
+			return nil
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,20 +294,50 @@ func TestMetricsOverHTTP(t *testing.T) {
 	}
 	w.live-- // the frame that did not fit
 	w.slow = 1
+	w.head = last.Sequence
 	conn.SetReadDeadline(time.Now().Add(waitFor))
 	if _, err := io.Copy(io.Discard, conn); err != nil {
 		t.Fatalf("slow connection not closed by the server: %v", err)
 	}
 	waitConnections(t, h, 1)
 
-	// Refused: a foreign origin (403) and an invalid topic (400).
-	if code := status(t, srv.URL+"?topic=a", "https://elsewhere.example"); code != http.StatusForbidden {
-		t.Fatalf("foreign origin: %d", code)
+	// Refused: a foreign origin (403), an invalid topic (400), and
+	// Authorize's 403 and 401.
+	for _, c := range []struct {
+		query, header, value string
+		want                 int
+	}{
+		{"?topic=a", "Origin", "https://elsewhere.example", http.StatusForbidden},
+		{"?topic=%01", "", "", http.StatusBadRequest},
+		{"?topic=a", "X-Test-Auth", "deny", http.StatusForbidden},
+		{"?topic=a", "X-Test-Auth", "anonymous", http.StatusUnauthorized},
+	} {
+		if code := status(t, srv.URL+c.query, c.header, c.value); code != c.want {
+			t.Fatalf("%s with %s %q: %d, want %d", c.query, c.header, c.value, code, c.want)
+		}
 	}
-	if code := status(t, srv.URL+"?topic=%01", ""); code != http.StatusBadRequest {
-		t.Fatalf("invalid topic: %d", code)
+	w.refused = map[string]int64{"origin": 1, "bad_request": 1, "forbidden": 1, "unauthenticated": 1}
+
+	// Overload: with MaxConnections (4) streams open, the next request is
+	// answered with only a retry and ends without a stream.
+	var more []*stream
+	for range 3 {
+		c := dial(t, srv.URL+"?topic=b", "")
+		c.expect(t, "hello")
+		more = append(more, c)
+		w.replayedSSE = append(w.replayedSSE, 0)
 	}
-	w.refused = map[string]int64{"origin": 1, "bad_request": 1}
+	if code := status(t, srv.URL+"?topic=b", "", ""); code != http.StatusOK {
+		t.Fatalf("overloaded stream: %d", code)
+	}
+	w.refused["overload"] = 1
+	w.sse = 4
+	compare(t, reg, w)
+	w.sse = 0
+	for _, c := range more {
+		c.close()
+	}
+	waitConnections(t, h, 1)
 
 	// One tail poll, caught up.
 	stop, err := h.StartTail(time.Hour, replayd.TailOptions{})
@@ -309,7 +350,6 @@ func TestMetricsOverHTTP(t *testing.T) {
 
 	long.close()
 	waitConnections(t, h, 0)
-	w.head = last.Sequence
 	compare(t, reg, w)
 	checkPublishDuration(t, reg, uint64(w.published+w.duplicates))
 }
@@ -370,12 +410,13 @@ func waitConnections(t *testing.T, h *replayd.EventHub, n int64) {
 	waitUntil(t, fmt.Sprintf("%d open connections", n), func() bool { return h.Metrics().SSEConnections == n })
 }
 
-// status answers a GET with an Origin header and returns the status.
-func status(t *testing.T, url, origin string) int {
+// status sends a GET with one header set, if named, and returns the
+// status.
+func status(t *testing.T, url, header, value string) int {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	if origin != "" {
-		req.Header.Set("Origin", origin)
+	if header != "" {
+		req.Header.Set(header, value)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
