@@ -382,12 +382,13 @@ func BenchmarkDispatch(b *testing.B) {
 			l.init()
 			var streams []*stream
 			var calls atomic.Int64
+			var m metrics
 			for i := range subscribers {
 				if c.topics == 0 {
 					defer l.subscribeFunc(func(Event) { calls.Add(1) })()
 					continue
 				}
-				s := &stream{topic: fmt.Sprintf("topic-%02d", i%c.topics), max: -1, wake: make(chan struct{}, 1)}
+				s := &stream{m: &m, topic: fmt.Sprintf("topic-%02d", i%c.topics), max: -1, wake: make(chan struct{}, 1)}
 				l.addStream(s)
 				streams = append(streams, s)
 			}

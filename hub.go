@@ -203,6 +203,9 @@ type store interface {
 	readHandshake(ctx context.Context, topic string, cursor int64, limit int) (handshake, error)
 	// prune applies policy; lock is held around each write transaction.
 	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
+	// probeWrite takes and releases the write lock, writing nothing
+	// (Ready); called under writeMu.
+	probeWrite(ctx context.Context) error
 	// close releases what appendBatch holds open; called under writeMu.
 	close()
 }

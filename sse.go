@@ -165,7 +165,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	hs, err := h.readHandshake(ctx, topic, readFrom)
 	if err != nil {
 		if ctx.Err() == nil {
-			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "err", err)
+			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "remote", r.RemoteAddr, "err", err)
 			endEarly(w, "event log unavailable")
 		}
 		return
