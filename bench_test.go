@@ -507,6 +507,7 @@ func BenchmarkDispatch(b *testing.B) {
 			l.init()
 			var streams []*stream
 			var calls atomic.Int64
+			var m metrics
 			for i := range subscribers {
 				if c.topics == 0 {
 					defer l.subscribeFunc(func(Event) { calls.Add(1) })()
@@ -519,7 +520,7 @@ func BenchmarkDispatch(b *testing.B) {
 						topics = append(topics, fmt.Sprintf("topic-%02d", 1+(i*(c.per-1)+k)%(c.topics-1)))
 					}
 				}
-				s := &stream{m: new(metrics), topics: topics, max: -1, wake: make(chan struct{}, 1)}
+				s := &stream{m: &m, topics: topics, max: -1, wake: make(chan struct{}, 1)}
 				l.addStream(s)
 				streams = append(streams, s)
 			}

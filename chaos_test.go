@@ -979,6 +979,8 @@ func (c *chaosConn) add(f frame) {
 		}
 		seq, _ := strconv.ParseInt(f.ID, 10, 64)
 		c.frames = append(c.frames, chaosFrame{kind: 'h', seq: seq, data: f.ID + " " + f.Data})
+	case f.Retry != "" && !f.HasID && f.Event == "" && f.Data == "":
+		c.frames = append(c.frames, chaosFrame{kind: 'r', data: f.Retry}) // the overload answer
 	case f.Event == "gap" && !f.HasID:
 		c.frames = append(c.frames, chaosFrame{kind: 'g', data: f.Data})
 	case f.HasID && f.Event != "":

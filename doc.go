@@ -213,6 +213,20 @@
 //   - The overload answer is "retry: <ms>" and the comment
 //     ": server busy, retry later", then the response ends; it counts under
 //     the "overload" refusal reason.
+//   - [EventHub.Metrics] is a lock-free snapshot of counters and histograms
+//     that never reads the log; the head gauge is read apart, at scrape
+//     time, with LatestSequence: the log's head (what hello frames carry,
+//     other processes' writes included) rather than the hub's live
+//     position, which lags other writers. replaydprom leaves the head out
+//     of a scrape whose read fails, so the other metrics stay visible.
+//   - The tail lag is measured from the newest delivered row's created_at,
+//     the writer's clock in milliseconds taken just before its insert:
+//     exact to about a millisecond plus the writer's transaction, since
+//     writers of one SQLite file share the host's clock. Negative ages
+//     (a clock stepped back) count as 0.
+//   - [EventHub.Ready] checks a read of the head and the write lock
+//     (BEGIN IMMEDIATE, ROLLBACK on the writer's connection, queued behind
+//     this hub's commits); it writes nothing and cannot detect a full disk.
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
 //     Total and Snapshot. A topic stays in Snapshot and Stats with 0 clients
 //     after its last client leaves, until it has been idle for more than an

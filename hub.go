@@ -205,6 +205,9 @@ type store interface {
 	readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) ([]Event, int64, error)
 	// prune applies policy; lock is held around each write transaction.
 	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
+	// probeWrite takes and releases the write lock, writing nothing
+	// (Ready); called under writeMu.
+	probeWrite(ctx context.Context) error
 	// close releases what appendBatch holds open; called under writeMu.
 	close()
 }

@@ -15,6 +15,9 @@ type live struct {
 	// mu orders deliveries and guards pos. User callbacks run under it.
 	mu  sync.Mutex
 	pos int64 // the highest sequence delivered live
+	// newestAt is the CreatedAt of the newest row dispatched: the tail
+	// resets it before a poll and reads its lag from it after.
+	newestAt time.Time
 
 	// subsMu guards the subscriber sets. A subscriber registered under it
 	// gets every row dispatched after that moment; every row dispatched
@@ -152,6 +155,7 @@ func (l *live) dispatch(rows []Event) {
 		return
 	}
 	l.pos = rows[len(rows)-1].Sequence
+	l.newestAt = rows[len(rows)-1].CreatedAt
 	l.subsMu.Lock()
 	for i := range rows {
 		ev := &rows[i]
@@ -253,6 +257,7 @@ func (h *EventHub) deliver(after int64, rows []Event) {
 		}
 	}
 	h.live.dispatch(rows)
+	h.metrics.flushLiveFrames()
 }
 
 // catchUp reads at most limit rows above the live position, stopping at
@@ -293,6 +298,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		rows = rows[:len(rows)-1]
 	}
 	h.live.dispatch(rows)
+	h.metrics.flushLiveFrames()
 	if (n < limit || reached) && h.live.pos < through {
 		h.live.pos = through // nothing else is committed up to through
 	}

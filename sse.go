@@ -168,7 +168,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		case errors.Is(err, ErrClosed):
 			endEarly(w, "server is shutting down")
 		case ctx.Err() == nil:
-			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "err", err)
+			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "remote", r.RemoteAddr, "err", err)
 			endEarly(w, "event log unavailable")
 		}
 		return

@@ -4,9 +4,10 @@
 // connection, and a visible notice when a gap arrives, after which the page
 // re-syncs from a snapshot endpoint.
 //
-// Run it with
+// It is a module of its own, so that the replayd module does not depend on
+// Prometheus. Run it with
 //
-//	go run ./examples/browser
+//	cd examples/browser && go run .
 //
 // and open http://127.0.0.1:8080/ (-addr changes the address). A background
 // publisher writes an event about every second on a few topics, and now
@@ -24,6 +25,8 @@
 //	                           end that page's stream server side; with away, hold
 //	                           its reconnects that long, so it misses events
 //	GET  /stats                the hub's Stats: head and connections per topic
+//	GET  /metrics              the hub's metrics for Prometheus (replaydprom)
+//	GET  /readyz               the hub's readiness: 200 "ok" or 503
 package main
 
 import (
@@ -46,7 +49,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/replaydprom"
 )
 
 //go:embed index.html
@@ -118,6 +124,12 @@ func run(ctx context.Context, logger *slog.Logger, addr, dbPath string, every ti
 	mux.HandleFunc("GET /snapshot", d.snapshot)
 	mux.HandleFunc("POST /drop", d.drop)
 	mux.HandleFunc("GET /stats", d.stats)
+	reg := prometheus.NewRegistry()
+	if err := replaydprom.Register(reg, hub); err != nil {
+		return err
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /readyz", hub.ReadyHandler())
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
