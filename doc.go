@@ -112,6 +112,15 @@
 //
 //   - New creates the schema; [EventHub.EnsureSchema] remains for explicit use
 //     (for example by a migration step) and is idempotent.
+//   - Each row carries its ordinal in the log and in its topic (broadcasts
+//     count as one topic), so that a gap's exact count costs a few index
+//     lookups per topic whatever its size. New adds these columns to a
+//     database made by an earlier version and numbers its rows, 2,000 per
+//     write transaction, before it returns; it also replaces the
+//     (topic, sequence) index by (topic, sequence, topic_ordinal). Rows an
+//     earlier version appends later stay unnumbered (and so do this
+//     version's after them) until the next New: counts stay exact, but read
+//     row by row meanwhile.
 //   - OpenDB(":memory:") pins the pool to one connection, so the whole pool
 //     shares one in-memory database and every use is serialised. A file gets
 //     WAL, a 10s busy timeout and synchronous=NORMAL.

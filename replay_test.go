@@ -5,36 +5,49 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
 // stalledClient opens a resuming SSE stream over a bare TCP connection,
 // reads until it has at least min bytes of the body, and then never reads
-// again: its socket buffers fill and the server's writes block.
+// again: its socket buffers fill and the server's writes block. Its small
+// receive buffer stalls the server soon, but slows the reads before it
+// (about 200 ms a connection, waiting for window updates): open many at
+// once.
 func stalledClient(t *testing.T, srvURL string, cursor, minBytes int) net.Conn {
 	t.Helper()
-	u, err := url.Parse(srvURL)
+	conn, err := stalledConn(srvURL, cursor, minBytes)
+	if conn != nil {
+		t.Cleanup(func() { conn.Close() })
+	}
 	if err != nil {
 		t.Fatal(err)
+	}
+	return conn
+}
+
+func stalledConn(srvURL string, cursor, minBytes int) (net.Conn, error) {
+	u, err := url.Parse(srvURL)
+	if err != nil {
+		return nil, err
 	}
 	conn, err := net.Dial("tcp", u.Host)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	t.Cleanup(func() { conn.Close() })
+	conn.(*net.TCPConn).SetReadBuffer(16 << 10)
 	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nLast-Event-ID: %d\r\n\r\n", u.Host, cursor)
 	conn.SetReadDeadline(time.Now().Add(waitFor))
-	br := bufio.NewReaderSize(conn, 64<<10)
-	resp, err := http.ReadResponse(br, nil)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 64<<10), nil)
 	if err != nil {
-		t.Fatal(err)
+		return conn, err
 	}
 	buf := make([]byte, 64<<10)
 	var seen bytes.Buffer
@@ -45,13 +58,13 @@ func stalledClient(t *testing.T, srvURL string, cursor, minBytes int) net.Conn {
 		}
 		n += k
 		if err != nil {
-			t.Fatalf("read %d bytes, then %v", n, err)
+			return conn, fmt.Errorf("read %d bytes, then %v", n, err)
 		}
 	}
 	if !strings.Contains(seen.String(), "event: hello") {
-		t.Fatalf("no hello at the start: %q", seen.String()[:min(seen.Len(), 200)])
+		return conn, fmt.Errorf("no hello at the start: %q", seen.String()[:min(seen.Len(), 200)])
 	}
-	return conn
+	return conn, nil
 }
 
 func heapInUse() uint64 {
@@ -91,7 +104,6 @@ func TestReplayMemoryBoundedAndCloseFast(t *testing.T) {
 	if took > 2*time.Second {
 		t.Fatalf("Close took %v", took)
 	}
-	_ = io.Discard
 }
 
 // Rows pruned between two pages of a replay would be a silent hole: the
@@ -136,5 +148,60 @@ func TestReplayPruneBetweenPagesEndsStream(t *testing.T) {
 		if f := c2.next(); f.ID != fmt.Sprint(want) {
 			t.Fatalf("replayed id %q, want %d", f.ID, want)
 		}
+	}
+}
+
+// Close ends every stream in replay at once, also with a thousand of them
+// stalled mid-replay (issue 8, item 2: measured target 1 s).
+func TestCloseManyClientsMidReplay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a thousand connections")
+	}
+	loadRaiseNoFile(t, 8192)
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	const events, clients = 100, 1000 // the default ReplayLimit: all replayed
+	payload := json.RawMessage(`"` + strings.Repeat("y", 16<<10) + `"`)
+	for range events {
+		mustPublish(t, h, "", payload)
+	}
+	var live atomic.Int64 // streams that finished their replay
+	h.testHookBeforeLive = func() { live.Add(1) }
+	// Small send buffers (16 KiB) stall each stream within its first pages
+	// and keep the kernel's socket memory small.
+	srvURL := chaosServe(t, h.Handler())
+	conns := make(chan net.Conn, clients)
+	errs := make(chan error, clients)
+	sem := make(chan struct{}, 50)
+	for range clients {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			conn, err := stalledConn(srvURL, 0, 4<<10)
+			if conn != nil {
+				conns <- conn
+			}
+			errs <- err
+		}()
+	}
+	defer func() {
+		for range len(conns) {
+			(<-conns).Close()
+		}
+	}()
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := live.Load(); n > 0 {
+		t.Fatalf("%d streams finished their replay: not stalled", n)
+	}
+	start := time.Now()
+	h.Close()
+	took := time.Since(start)
+	t.Logf("Close took %v with %d clients stalled mid-replay of %d events of 16 KiB", took, clients, events)
+	if took > 2*time.Second {
+		t.Fatalf("Close took %v", took)
 	}
 }
