@@ -11,7 +11,7 @@ import (
 // logWriter is the connection the hub's writer goroutine appends on, with
 // its statements prepared once. SQLite has no statement cache, and preparing
 // them again for every commit cost about a third of a one-row publish. Only
-// the writer goroutine uses it, under the hub's writeMu.
+// the store's Append uses it, under the store's writeMu.
 type logWriter struct {
 	conn                                     *sql.Conn
 	begin, commit, rollback, insert, byEvent *sql.Stmt
@@ -73,8 +73,8 @@ func (w *logWriter) close(broken bool) {
 // Every row of the batch gets the same created_at, taken inside the write
 // and never below the newest stored row's.
 //
-// The caller holds the hub's writeMu.
-func (l *EventLog) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
+// The caller holds l.writeMu.
+func (l *sqliteStore) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
 	if err := l.reserveWriter(ctx); err != nil {
 		return err
 	}
@@ -91,8 +91,8 @@ func (l *EventLog) appendBatch(ctx context.Context, evs []Event, dup []bool) err
 // holds it already. New calls it, so that a publish never queues for a
 // connection behind readers; appendBatch calls it again after a broken
 // connection was dropped, or on a pool of one, which the writer cannot keep.
-// The caller holds the hub's writeMu.
-func (l *EventLog) reserveWriter(ctx context.Context) error {
+// The caller holds l.writeMu.
+func (l *sqliteStore) reserveWriter(ctx context.Context) error {
 	if l.writer != nil {
 		return nil
 	}
@@ -104,11 +104,7 @@ func (l *EventLog) reserveWriter(ctx context.Context) error {
 	return nil
 }
 
-// close releases what the log holds open for appends. The caller holds the
-// hub's writeMu.
-func (l *EventLog) close() { l.releaseWriter(false) }
-
-func (l *EventLog) releaseWriter(broken bool) {
+func (l *sqliteStore) releaseWriter(broken bool) {
 	if l.writer != nil {
 		l.writer.close(broken)
 		l.writer = nil

@@ -117,7 +117,7 @@ func BenchmarkRawInsert(b *testing.B) {
 		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
 			db, _ := openTestDB(b)
 			ctx := context.Background()
-			if err := (&EventLog{db: db}).ensureSchema(ctx); err != nil {
+			if err := (&sqliteStore{db: db}).ensureSchema(ctx); err != nil {
 				b.Fatal(err)
 			}
 			conn, err := db.Conn(ctx)
@@ -230,7 +230,7 @@ func benchBuildFixture(topics int) (*benchPinnedConn, error) {
 	db := conn.pool()
 	defer db.Close()
 	ctx := context.Background()
-	l := &EventLog{db: db}
+	l := &sqliteStore{db: db}
 	if err := l.ensureSchema(ctx); err != nil {
 		raw.Close()
 		return nil, err
@@ -311,7 +311,8 @@ func (c *benchPinnedConn) IsValid() bool { return c.raw.(driver.Validator).IsVal
 // one read transaction). Only the reads are timed.
 func BenchmarkReplay(b *testing.B) {
 	db := benchFixtureDB(b)
-	l := &EventLog{db: db}
+	sq := &sqliteStore{db: db}
+	l, v := &EventLog{store: sq}, hubStore{sq}
 	ctx := context.Background()
 	const window = 100
 	// Cursors stay far enough below the head that every window is full.
@@ -342,7 +343,7 @@ func BenchmarkReplay(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			hs, err := l.readHandshake(ctx, []string{topic()}, rng.Int64N(maxCursor), window)
+			hs, err := v.readHandshake(ctx, []string{topic()}, rng.Int64N(maxCursor), window)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -361,13 +362,13 @@ func BenchmarkReplay(b *testing.B) {
 			events := 0
 			for b.Loop() {
 				topics := []string{topic()}
-				hs, err := l.readHandshake(ctx, topics, rng.Int64N(int64(benchFixtureRows-200*window)), window)
+				hs, err := v.readHandshake(ctx, topics, rng.Int64N(int64(benchFixtureRows-200*window)), window)
 				if err != nil {
 					b.Fatal(err)
 				}
 				n := 0
 				for after := hs.from - 1; after < hs.head; {
-					page, _, err := l.readPage(ctx, topics, after, hs.head, replayPageEvents, replayPageBytes)
+					page, _, err := v.readPage(ctx, topics, after, hs.head, replayPageEvents, replayPageBytes)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -395,7 +396,7 @@ func BenchmarkReplay(b *testing.B) {
 // the two within 2x of each other.
 func BenchmarkHandshake(b *testing.B) {
 	db := benchFixtureDB(b)
-	l := &EventLog{db: db}
+	l := &sqliteStore{db: db}
 	ctx := context.Background()
 	const window = 100
 	head := int64(benchFixtureRows)
@@ -433,7 +434,7 @@ func BenchmarkHandshake(b *testing.B) {
 func BenchmarkHandshakeTopics(b *testing.B) {
 	const topics = 1000
 	db := benchFixtureDBTopics(b, topics)
-	l := &EventLog{db: db}
+	l := &sqliteStore{db: db}
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, n := range []int{1, 8, 32} {

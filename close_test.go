@@ -296,16 +296,16 @@ func TestGroupCommitBusyFailsBatchOnce(t *testing.T) {
 	t.Logf("a busy batch of %d failed in %v (busy wait %v)", n, took, busyWait)
 }
 
-// stuckStore is a hub's store whose appendBatch first waits for gate,
+// stuckStore is a hub's store whose Append first waits for gate,
 // deaf to its context, as a database call that cannot be cancelled would.
 type stuckStore struct {
-	store
+	Store
 	gate chan struct{}
 }
 
-func (s *stuckStore) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
+func (s *stuckStore) Append(ctx context.Context, evs []Event) ([]AppendResult, error) {
 	<-s.gate
-	return s.store.appendBatch(ctx, evs, dup)
+	return s.Store.Append(ctx, evs)
 }
 
 // Should the writer not stop even when its commit is cancelled, Close
@@ -315,8 +315,8 @@ func TestCloseAbandonsAWriterThatDoesNotStop(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	mustPublish(t, h, "", "warm")
-	ss := &stuckStore{store: h.store, gate: make(chan struct{})}
-	h.store = ss // read by the writer only after the next publish reaches it
+	ss := &stuckStore{Store: h.store.s, gate: make(chan struct{})}
+	h.store.s = ss // read by the writer only after the next publish reaches it
 	committing := make(chan struct{}, 1)
 	h.testHookCommit = func() { committing <- struct{}{} }
 	res := make(chan error, 1)

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -202,20 +201,41 @@ const (
 // a large prune holds the write lock for milliseconds at a time.
 const pruneBatch = 1000
 
-// EventLog is the durable, append-only log behind a hub: one SQLite table
-// whose row sequence is the SSE id. Its read methods are the ones the SSE
-// handler uses, exported for people building their own transport. Everywhere
-// a topic names a scope, "" is the global scope (every event); a named topic's
-// scope is its own events plus broadcasts.
-//
-// An EventLog is safe for concurrent use. Obtain one with EventHub.Log.
-type EventLog struct {
-	db     *sql.DB
-	writer *logWriter // appendBatch's connection; guarded by the hub's writeMu
+// sqliteStore is the SQLite [Store]: one table whose row sequence is the
+// SSE id, and a tiny one of prune watermarks. It serialises this process's
+// writes (appends, prune batches, schema, the Ready probe) on writeMu, so
+// they queue here instead of in SQLite's sleeping busy handler; other
+// processes' writes are waited for by the busy timeout.
+type sqliteStore struct {
+	db   *sql.DB
+	file *fileGuard // the database file's identity (see fileid.go); the hub checks it before commits
+
+	// writeMu serialises the write transactions of this store and guards
+	// writer and closed.
+	writeMu sync.Mutex
+	writer  *logWriter // Append's connection
+	closed  bool
 
 	// testHookHandshake, if set, runs inside readHandshake's read
 	// transaction, holding its pooled connection.
 	testHookHandshake func()
+}
+
+var (
+	_ Store         = (*sqliteStore)(nil)
+	_ SchemaEnsurer = (*sqliteStore)(nil)
+	_ WriteProber   = (*sqliteStore)(nil)
+)
+
+// EventLog is the durable, append-only log behind a hub, seen through its
+// [Store]. Its read methods are the ones the SSE handler uses, exported for
+// people building their own transport. Everywhere a topic names a scope,
+// "" is the global scope (every event); a named topic's scope is its own
+// events plus broadcasts.
+//
+// An EventLog is safe for concurrent use. Obtain one with EventHub.Log.
+type EventLog struct {
+	store Store
 }
 
 // querier is what both *sql.DB and *sql.Tx offer for reads.
@@ -238,25 +258,36 @@ func (l *EventLog) Replay(ctx context.Context, topic string, since int64, limit 
 	if err := validateTopic(topic); err != nil {
 		return nil, err
 	}
-	evs, err := l.replay(ctx, l.db, scopeOf(topic), since, maxSequence, defaultLimit(limit))
+	p, err := l.store.Read(ctx, ReadRequest{Scope: scopeOf(topic), After: since, Limit: defaultLimit(limit)})
 	if err != nil {
 		return nil, fmt.Errorf("replayd: replay: %w", err)
 	}
-	return evs, nil
+	return p.Events, nil
 }
 
 // ReplayLatest returns the newest window of up to limit events visible to
 // topic whose sequence is above since, in ascending order: what a client
-// that fell behind is replayed. limit <= 0 means 100.
+// that fell behind is replayed. limit <= 0 means 100. It reads where the
+// window starts and then the window: should retention delete part of it in
+// between, it returns what is left.
 func (l *EventLog) ReplayLatest(ctx context.Context, topic string, since int64, limit int) ([]Event, error) {
 	if err := validateTopic(topic); err != nil {
 		return nil, err
 	}
-	evs, err := l.replayLatest(ctx, l.db, scopeOf(topic), since, maxSequence, defaultLimit(limit))
+	limit = defaultLimit(limit)
+	scope := scopeOf(topic)
+	w, err := l.store.Window(ctx, scope, max(since, 0), limit)
+	if err == nil && w.From > 0 && w.From <= w.Head {
+		var p Page
+		p, err = l.store.Read(ctx, ReadRequest{Scope: scope, After: max(since, w.From-1), Through: w.Head, Limit: limit})
+		if err == nil {
+			return p.Events, nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("replayd: replay latest: %w", err)
 	}
-	return evs, nil
+	return nil, nil
 }
 
 // CountBetween counts the retained events visible to topic whose sequence
@@ -265,17 +296,17 @@ func (l *EventLog) CountBetween(ctx context.Context, topic string, after, before
 	if err := validateTopic(topic); err != nil {
 		return 0, err
 	}
-	s, err := l.span(ctx, l.db, scopeOf(topic), after, before)
+	n, err := l.store.Count(ctx, scopeOf(topic), after, before)
 	if err != nil {
 		return 0, fmt.Errorf("replayd: count: %w", err)
 	}
-	return s.count, nil
+	return n, nil
 }
 
 // LatestSequence returns the head: the highest sequence ever assigned. It
 // never goes backwards, even when retention has deleted every row.
 func (l *EventLog) LatestSequence(ctx context.Context) (int64, error) {
-	head, err := l.head(ctx, l.db)
+	head, err := l.store.Head(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("replayd: latest sequence: %w", err)
 	}
@@ -291,7 +322,7 @@ func defaultLimit(limit int) int {
 	return limit
 }
 
-func (l *EventLog) ensureSchema(ctx context.Context) error {
+func (l *sqliteStore) ensureSchema(ctx context.Context) error {
 	err := l.writeTx(ctx, func(conn *sql.Conn) error {
 		for i, stmt := range schema {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
@@ -348,7 +379,7 @@ const backfillBatch = 2000
 // leaves a row unnumbered only while the newest row is (see insertRows),
 // and this numbers them in sequence order. Until it is done, counts fall
 // back to reading rows (see span).
-func (l *EventLog) backfillOrdinals(ctx context.Context) error {
+func (l *sqliteStore) backfillOrdinals(ctx context.Context) error {
 	var pending bool
 	err := l.db.QueryRowContext(ctx, qUnmigrated).Scan(&pending)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && !pending) {
@@ -441,30 +472,16 @@ func lastTopicOrdinal(ctx context.Context, q querier, topic string, before int64
 	return o.Int64, err
 }
 
-func (l *EventLog) head(ctx context.Context, q querier) (int64, error) {
+func (l *sqliteStore) head(ctx context.Context, q querier) (int64, error) {
 	var head int64
 	err := q.QueryRowContext(ctx, qHead).Scan(&head)
 	return head, err
 }
 
-// replay returns up to limit events of scope in (since, through],
-// ascending.
-func (l *EventLog) replay(ctx context.Context, q querier, topics []string, since, through int64, limit int) ([]Event, error) {
-	return scanEvents(q.QueryContext(ctx, scopeQuery(kindReplay, len(topics)), scopeArgs(topics, since, through, limit)...))
-}
-
-// replayLatest returns the newest limit events of scope in
-// (since, through], ascending.
-func (l *EventLog) replayLatest(ctx context.Context, q querier, topics []string, since, through int64, limit int) ([]Event, error) {
-	evs, err := scanEvents(q.QueryContext(ctx, scopeQuery(kindLatest, len(topics)), scopeArgs(topics, since, through, limit)...))
-	slices.Reverse(evs)
-	return evs, err
-}
-
 // windowStart returns the sequence of the limit-th newest event of scope in
 // (after, through], or 0 if there are fewer: the first event of a replay
 // window. It reads only the index.
-func (l *EventLog) windowStart(ctx context.Context, q querier, topics []string, after, through int64, limit int) (int64, error) {
+func (l *sqliteStore) windowStart(ctx context.Context, q querier, topics []string, after, through int64, limit int) (int64, error) {
 	var seq int64
 	err := q.QueryRowContext(ctx, scopeQuery(kindBoundary, len(topics)), scopeArgs(topics, after, through, limit)...).Scan(&seq)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -487,7 +504,7 @@ type span struct{ count, first, last int64 }
 // again at 1 with the first new row, which keeps that true.) Rows not yet
 // numbered, left by an earlier version of replayd writing the same file, are
 // counted row by row instead.
-func (l *EventLog) span(ctx context.Context, q querier, topics []string, after, before int64) (span, error) {
+func (l *sqliteStore) span(ctx context.Context, q querier, topics []string, after, before int64) (span, error) {
 	var s span
 	if before <= after+1 {
 		return s, nil
@@ -540,7 +557,7 @@ func (l *EventLog) span(ctx context.Context, q querier, topics []string, after, 
 
 // watermark returns the highest prune watermark that applies to scope: its
 // topics' and the broadcasts', or any topic's for the global scope.
-func (l *EventLog) watermark(ctx context.Context, q querier, topics []string) (int64, error) {
+func (l *sqliteStore) watermark(ctx context.Context, q querier, topics []string) (int64, error) {
 	var p int64
 	err := q.QueryRowContext(ctx, scopeQuery(kindWatermark, len(topics)), scopeArgs(topics)...).Scan(&p)
 	return p, err
@@ -562,7 +579,7 @@ type handshake struct {
 // negative cursor means a fresh client: only the head is read. It reads
 // index entries only, never a payload: the window itself is read page by
 // page afterwards (see readPage).
-func (l *EventLog) readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (hs handshake, err error) {
+func (l *sqliteStore) readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (hs handshake, err error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return hs, err
@@ -601,37 +618,6 @@ func (l *EventLog) readHandshake(ctx context.Context, topics []string, cursor in
 	return hs, nil
 }
 
-// readPage returns the oldest events of scope in (after, through], at most
-// maxEvents of them and no more once they hold maxBytes of payload (at least
-// one), and the scope's prune watermark read after them. Rows at or below
-// a head once read are never inserted later, only pruned, and retention
-// deletes a prefix of the log and raises the watermark in the same
-// transaction: so if the watermark is not above after, no event of the
-// scope in (after, through] was missing when the page was read, and the
-// page is every such event up to its last.
-func (l *EventLog) readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) (evs []Event, mark int64, err error) {
-	rows, err := l.db.QueryContext(ctx, scopeQuery(kindReplay, len(topics)), scopeArgs(topics, after, through, maxEvents)...)
-	if err != nil {
-		return nil, 0, err
-	}
-	size := 0
-	for size < maxBytes && rows.Next() {
-		ev, err := scanEvent(rows)
-		if err != nil {
-			rows.Close()
-			return nil, 0, err
-		}
-		evs = append(evs, ev)
-		size += len(ev.Payload)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, 0, err
-	}
-	mark, err = l.watermark(ctx, l.db, topics)
-	return evs, mark, err
-}
-
 func scanEvents(rows *sql.Rows, err error) ([]Event, error) {
 	if err != nil {
 		return nil, err
@@ -667,7 +653,7 @@ func scanEvent(row interface{ Scan(...any) error }) (Event, error) {
 // writeTx runs fn inside BEGIN IMMEDIATE on one pooled connection, so the
 // write lock is taken up front and a busy database is waited for by the busy
 // timeout instead of failing a deferred transaction's upgrade.
-func (l *EventLog) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err error) {
+func (l *sqliteStore) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err error) {
 	conn, err := l.db.Conn(ctx)
 	if err != nil {
 		return err
@@ -727,7 +713,7 @@ func discard(conn *sql.Conn) {
 // prune deletes, in batches of pruneBatch, the oldest rows that policy
 // condemns, recording each topic's prune watermark in the same transaction
 // as the delete. It returns how many rows it deleted.
-func (l *EventLog) prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error) {
+func (l *sqliteStore) prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error) {
 	if policy.MaxEvents <= 0 && policy.MaxAge <= 0 {
 		return 0, nil
 	}
@@ -751,7 +737,7 @@ func (l *EventLog) prune(ctx context.Context, policy RetentionPolicy, lock func(
 	}
 }
 
-func (l *EventLog) pruneOnce(ctx context.Context, countEdge, ageEdge int64, lock func() func()) (deleted int64, err error) {
+func (l *sqliteStore) pruneOnce(ctx context.Context, countEdge, ageEdge int64, lock func() func()) (deleted int64, err error) {
 	defer lock()()
 	err = l.writeTx(ctx, func(conn *sql.Conn) error {
 		rows, err := conn.QueryContext(ctx, qPruneHead, pruneBatch)

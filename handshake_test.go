@@ -28,7 +28,7 @@ func TestHandshakeStormDoesNotStallPublish(t *testing.T) {
 	var releaseOnce sync.Once
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
 	defer unblock()
-	h.log.testHookHandshake = func() {
+	h.store.s.(*sqliteStore).testHookHandshake = func() {
 		entered <- struct{}{}
 		<-release
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -187,54 +188,18 @@ type Event struct {
 	CreatedAt time.Time       // commit time, millisecond precision
 }
 
-// store is the hub's view of its log: the seam where a second storage
-// backend would plug in without the SSE handler noticing. *EventLog is the
-// SQLite implementation.
-type store interface {
-	ensureSchema(ctx context.Context) error
-	// latestSequence is the head: the highest sequence ever assigned.
-	latestSequence(ctx context.Context) (int64, error)
-	// appendBatch commits evs in one transaction (see EventLog.appendBatch).
-	appendBatch(ctx context.Context, evs []Event, dup []bool) error
-	// readAfter returns up to limit events of every topic above after, ascending.
-	readAfter(ctx context.Context, after int64, limit int) ([]Event, error)
-	// pruneWatermark is the highest sequence retention has deleted, any topic.
-	pruneWatermark(ctx context.Context) (int64, error)
-	readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (handshake, error)
-	// readPage reads a page of a replay and the scope's watermark after it.
-	readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) ([]Event, int64, error)
-	// prune applies policy; lock is held around each write transaction.
-	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
-	// probeWrite takes and releases the write lock, writing nothing
-	// (Ready); called under writeMu.
-	probeWrite(ctx context.Context) error
-	// close releases what appendBatch holds open; called under writeMu.
-	close()
-}
-
-func (l *EventLog) latestSequence(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
-func (l *EventLog) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
-	return l.replay(ctx, l.db, nil, after, maxSequence, limit)
-}
-func (l *EventLog) pruneWatermark(ctx context.Context) (int64, error) {
-	return l.watermark(ctx, l.db, nil)
-}
-
 // EventHub publishes events to the log and streams them to SSE clients and
 // in-process subscribers. Create one with New; it is safe for concurrent use.
 type EventHub struct {
 	opts    Options
 	log     *EventLog
-	store   store
-	file    *fileGuard // the database file's identity, checked before commits
+	store   hubStore
+	owned   io.Closer  // what the hub created itself and closes: New's SQLite store
+	file    *fileGuard // the SQLite database file's identity, checked before commits; nil for other stores
 	logger  *slog.Logger
 	clients *TopicClientTracker
 	metrics metrics
 
-	// writeMu serialises this process's write transactions (publish
-	// batches, prune batches, schema), so they queue here instead of in
-	// SQLite's sleeping busy handler.
-	writeMu sync.Mutex
 	// pubs carries Publish calls to the writer goroutine. It is unbuffered:
 	// a request is either taken by the writer, which then always answers
 	// it, or never sent.
@@ -283,65 +248,34 @@ type EventHub struct {
 	testHookReplayPage func(last int64)
 }
 
-// New returns a hub over db, creating the schema if it is missing. The hub
-// never closes db: the caller owns it. Rows already in the log are never
-// delivered live; clients get them by replay.
+// New returns a hub over db, creating the schema if it is missing: the
+// hub is NewWithStore over the SQLite store (see [NewSQLiteStore]), which
+// it closes itself when it is closed. The hub never closes db: the caller
+// owns it. Rows already in the log are never delivered live; clients get
+// them by replay.
 func New(db *sql.DB, opts Options) (*EventHub, error) {
 	if db == nil {
 		return nil, errors.New("replayd: new: nil *sql.DB")
 	}
-	opts, err := opts.withDefaults()
+	if _, err := opts.withDefaults(); err != nil {
+		return nil, err
+	}
+	s, err := openSQLiteStore(db)
 	if err != nil {
 		return nil, err
 	}
-	log := &EventLog{db: db}
-	h := &EventHub{
-		opts:    opts,
-		log:     log,
-		store:   log,
-		logger:  opts.Logger,
-		clients: newTopicClientTracker(),
-		pubs:    make(chan *publishReq),
-		done:    make(chan struct{}),
-		streams: make(map[*stream]struct{}),
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := h.EnsureSchema(ctx); err != nil {
-		return nil, err
-	}
-	if h.file, err = newFileGuard(ctx, db); err != nil {
-		return nil, fmt.Errorf("replayd: new: %w", err)
-	}
-	if h.live.pos, err = h.store.latestSequence(ctx); err != nil {
-		return nil, fmt.Errorf("replayd: new: %w", err)
-	}
-	// The writer's connection is taken now, before any reader can queue
-	// for the pool, and kept (§2: a publish is never slowed by SSE clients).
-	if db.Stats().MaxOpenConnections != 1 {
-		h.writeMu.Lock()
-		err = log.reserveWriter(ctx)
-		h.writeMu.Unlock()
-		if err != nil {
-			return nil, fmt.Errorf("replayd: new: %w", err)
-		}
-	}
-	h.handshakes = make(chan struct{}, handshakeSlots(db.Stats().MaxOpenConnections))
-	h.live.init()
-	h.ctx, h.cancel = context.WithCancel(context.Background())
-	h.writeCtx, h.writeCancel = context.WithCancel(context.Background())
-	h.abandoned = make(chan struct{})
-	h.wg.Add(1)
-	go h.writeLoop()
-	return h, nil
+	return newHub(s, opts, s)
 }
 
 // EnsureSchema creates the log's tables and index if they are missing. New
 // calls it; it is safe to call again and from several processes at once.
+// For a Store that is not a [SchemaEnsurer] it does nothing.
 func (h *EventHub) EnsureSchema(ctx context.Context) error {
-	h.writeMu.Lock()
-	defer h.writeMu.Unlock()
-	if err := h.store.ensureSchema(ctx); err != nil {
+	se, ok := h.store.s.(SchemaEnsurer)
+	if !ok {
+		return nil
+	}
+	if err := se.EnsureSchema(ctx); err != nil {
 		return fmt.Errorf("replayd: ensure schema: %w", err)
 	}
 	return nil
@@ -526,13 +460,13 @@ func (h *EventHub) commit(batch []*publishReq) {
 		return
 	}
 	evs := make([]Event, len(batch))
-	dup := make([]bool, len(batch))
 	for i, r := range batch {
 		evs[i] = r.ev
 	}
-	h.writeMu.Lock()
-	err := h.store.appendBatch(h.writeCtx, evs, dup)
-	h.writeMu.Unlock()
+	res, err := h.store.s.Append(h.writeCtx, evs)
+	if err == nil && len(res) != len(evs) {
+		err = fmt.Errorf("the store returned %d results for %d events", len(res), len(evs))
+	}
 	if err != nil {
 		switch {
 		case h.writeCtx.Err() != nil:
@@ -540,16 +474,8 @@ func (h *EventHub) commit(batch []*publishReq) {
 			// BEGIN and the inserts (COMMIT runs without it), and a failed
 			// transaction is rolled back: nothing was stored.
 			err = fmt.Errorf("replayd: publish: %w (the commit was cancelled; nothing was stored)", ErrClosed)
-		case len(batch) > 1 && rowError(err):
-			// One event failed: retry each alone, so it fails only its own
-			// publish.
-			for _, r := range batch {
-				h.commit([]*publishReq{r})
-			}
-			return
 		default:
-			// Busy, I/O and the like fail every event alike: retrying each
-			// alone would repeat the wait (a busy timeout) once per event.
+			// Busy, I/O and the like fail every event alike.
 			if ferr := h.checkLogFile(true); ferr != nil {
 				err = fmt.Errorf("%w (%v)", ferr, err)
 			}
@@ -561,19 +487,36 @@ func (h *EventHub) commit(batch []*publishReq) {
 		return
 	}
 	fresh := make([]Event, 0, len(evs))
-	for i, ev := range evs {
-		if !dup[i] {
-			fresh = append(fresh, ev)
-		} else {
+	split := false // a refused event: the others may not be one atomic batch
+	for _, r := range res {
+		switch {
+		case r.Err != nil:
+			split = true
+		case r.Duplicate:
 			h.metrics.duplicate()
+		default:
+			fresh = append(fresh, r.Event)
 		}
 	}
 	h.metrics.publishedEvents(len(fresh))
-	if len(fresh) > 0 {
+	switch {
+	case split:
+		// Another process may have committed rows between them: deliver
+		// each after what lies below it.
+		for _, ev := range fresh {
+			h.deliver(ev.Sequence-1, []Event{ev})
+		}
+	case len(fresh) > 0:
+		// One atomic batch: sequence order being visibility order, no
+		// other row lies between its rows.
 		h.deliver(fresh[0].Sequence-1, fresh)
 	}
 	for i, r := range batch {
-		r.res <- publishRes{ev: evs[i]}
+		if res[i].Err != nil {
+			r.res <- publishRes{err: fmt.Errorf("replayd: publish: %w", res[i].Err)}
+			continue
+		}
+		r.res <- publishRes{ev: res[i].Event}
 	}
 }
 
@@ -702,9 +645,9 @@ func (h *EventHub) Close() error {
 			close(h.abandoned)
 			go func() { // release the writer's connection when it stops at last
 				<-stopped
-				h.writeMu.Lock()
-				h.store.close()
-				h.writeMu.Unlock()
+				if h.owned != nil {
+					h.owned.Close()
+				}
 			}()
 			h.logger.Error("replayd: close: the writer did not stop after its commit was cancelled; abandoning it",
 				"waited", closeGrace+closeAbandon)
@@ -713,9 +656,9 @@ func (h *EventHub) Close() error {
 		}
 	}
 	h.writeCancel()
-	h.writeMu.Lock()
-	h.store.close()
-	h.writeMu.Unlock()
+	if h.owned != nil {
+		h.owned.Close()
+	}
 	return nil
 }
 

@@ -594,8 +594,8 @@ func TestPublishCatchesUpOtherWriters(t *testing.T) {
 func TestTailIdleReadsOnlyHead(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	counting := &countingStore{store: h.store}
-	h.store = counting
+	counting := &countingStore{Store: h.store.s}
+	h.store.s = counting
 	stop, err := h.StartTail(time.Millisecond, TailOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -616,8 +616,8 @@ func TestTailIdleReadsOnlyHead(t *testing.T) {
 func TestTailBacksOffWhileIdle(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	counting := &countingStore{store: h.store}
-	h.store = counting
+	counting := &countingStore{Store: h.store.s}
+	h.store.s = counting
 	stop, err := h.StartTail(time.Millisecond, TailOptions{MaxInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -783,18 +783,18 @@ func TestStatsAndTracker(t *testing.T) {
 
 // countingStore counts the tail's head checks and row reads.
 type countingStore struct {
-	store
+	Store
 	heads, reads atomic.Int64
 }
 
-func (c *countingStore) latestSequence(ctx context.Context) (int64, error) {
+func (c *countingStore) Head(ctx context.Context) (int64, error) {
 	c.heads.Add(1)
-	return c.store.latestSequence(ctx)
+	return c.Store.Head(ctx)
 }
 
-func (c *countingStore) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
+func (c *countingStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
 	c.reads.Add(1)
-	return c.store.readAfter(ctx, after, limit)
+	return c.Store.Read(ctx, req)
 }
 
 // recordLive subscribes to h until the test ends and returns a function

@@ -12,7 +12,14 @@ import (
 // brought the row (this hub's publish, or the tail reading other processes'
 // writes).
 type live struct {
-	// mu orders deliveries and guards pos. User callbacks run under it.
+	// catchMu orders deliveries: it is held by whoever delivers (the
+	// writer's deliver, the tail's poll) for the whole of a delivery, the
+	// log reads of a catch-up included, and by whoever moves pos. The reads
+	// are made without mu, so a slow read stalls only the next delivery,
+	// never a stream registering or a subscriber callback's caller.
+	catchMu sync.Mutex
+	// mu guards pos and newestAt and is held while rows are dispatched:
+	// user callbacks run under it. pos moves only under both locks.
 	mu  sync.Mutex
 	pos int64 // the highest sequence delivered live
 	// newestAt is the CreatedAt of the newest row dispatched: the tail
@@ -214,20 +221,29 @@ func (l *live) gap(g Gap) {
 // catchUpPage is how many rows one log read brings while catching up.
 const catchUpPage = 1000
 
+// position returns the live position. Under catchMu it stays put until
+// the caller moves it.
+func (l *live) position() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pos
+}
+
 // deliver hands rows to live subscribers. rows, when not empty, must be
 // every row with a sequence in (after, last row's sequence], ascending.
 // Rows between the live position and after, committed by another process,
 // are first read from the log, so no subscriber skips them.
 func (h *EventHub) deliver(after int64, rows []Event) {
-	h.live.mu.Lock()
-	defer h.live.mu.Unlock()
-	if len(rows) > 0 && rows[0].Sequence <= h.live.pos {
+	h.live.catchMu.Lock()
+	defer h.live.catchMu.Unlock()
+	if len(rows) > 0 && rows[0].Sequence <= h.live.position() {
 		// Either the tail delivered these rows already, or the log was
 		// reset under the hub: the head, never below the position
 		// otherwise, tells.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		head, err := h.store.latestSequence(ctx)
 		cancel()
+		h.live.mu.Lock()
 		switch {
 		case err != nil:
 			h.logger.Error("replayd: cannot read the head to tell a reset log from rows already delivered",
@@ -235,74 +251,72 @@ func (h *EventHub) deliver(after int64, rows []Event) {
 		case head < h.live.pos:
 			h.logReset(head, after)
 		}
+		h.live.mu.Unlock()
 	}
 	if !h.live.hasSubscribers() {
 		// Nobody to deliver to: skip reading other writers' rows. A
 		// subscriber that arrives later reads the head after subscribing,
 		// so rows up to here reach it by replay.
 		if n := len(rows); n > 0 {
+			h.live.mu.Lock()
 			h.live.pos = max(h.live.pos, rows[n-1].Sequence)
+			h.live.mu.Unlock()
 		}
 		return
 	}
-	for h.live.pos < after {
+	for pos := h.live.position(); pos < after; pos = h.live.position() {
 		if _, err := h.catchUp(after, catchUpPage); err != nil {
 			// The rows in between cannot be read, so they cannot be
 			// delivered in order: make every stream resume from the log.
+			h.live.mu.Lock()
 			h.logger.Error("replayd: cannot read rows committed by another process; reconnecting streams",
 				"from", h.live.pos+1, "through", after, "err", err)
 			h.resync()
 			h.live.gap(Gap{Reason: GapUnreadable, After: h.live.pos, From: h.live.pos + 1, Through: after})
 			h.live.pos = after
+			h.live.mu.Unlock()
 		}
 	}
+	h.live.mu.Lock()
 	h.live.dispatch(rows)
 	h.metrics.flushLiveFrames()
+	h.live.mu.Unlock()
 }
 
 // catchUp reads at most limit rows above the live position, stopping at
 // through, and dispatches them. It reports how many rows it read. The caller
-// holds h.live.mu.
+// holds h.live.catchMu, not h.live.mu: the read is made without it, and
+// the dispatch under it.
 func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	from := h.live.pos
-	rows, err := h.store.readAfter(ctx, from, limit)
+	from := h.live.position()
+	page, err := h.store.s.Read(ctx, ReadRequest{After: from, Through: through, Limit: limit})
 	if err != nil {
 		return 0, err
 	}
-	if len(rows) == 0 || rows[0].Sequence != from+1 {
-		// Sequences need not be contiguous, but rows above the live
-		// position may also have been pruned before they were delivered.
-		mark, err := h.store.pruneWatermark(ctx)
-		if err != nil {
-			return 0, err
-		}
-		if mark > from {
-			// Every row up to mark is gone, so the hole ends there, or at
-			// through, beyond which this call delivers nothing.
-			hole := min(mark, through)
-			h.logger.Warn("replayd: rows were pruned before live delivery; reconnecting streams",
-				"from", from+1, "through", hole)
-			h.resync()
-			h.live.gap(Gap{Reason: GapPruned, After: from, From: from + 1, Through: hole})
-			h.live.pos = hole
-		}
+	h.live.mu.Lock()
+	defer h.live.mu.Unlock()
+	if mark := page.Watermark; mark > from {
+		// Rows above the live position were pruned before they were
+		// delivered. Every row up to mark is gone, so the hole ends there,
+		// or at through, beyond which this call delivers nothing.
+		hole := min(mark, through)
+		h.logger.Warn("replayd: rows were pruned before live delivery; reconnecting streams",
+			"from", from+1, "through", hole)
+		h.resync()
+		h.live.gap(Gap{Reason: GapPruned, After: from, From: from + 1, Through: hole})
+		h.live.pos = hole
 	}
-	// A page that reaches through has read every row up to it, even when
-	// through itself has no row (a sequence spent by a duplicate event id,
-	// or pruned): the position may move there.
-	n := len(rows)
-	reached := n > 0 && rows[n-1].Sequence >= through
-	for len(rows) > 0 && rows[len(rows)-1].Sequence > through {
-		rows = rows[:len(rows)-1]
-	}
-	h.live.dispatch(rows)
+	h.live.dispatch(page.Events)
 	h.metrics.flushLiveFrames()
-	if (n < limit || reached) && h.live.pos < through {
-		h.live.pos = through // nothing else is committed up to through
+	if !page.More && h.live.pos < through {
+		// Every row up to through is read, even when through itself has no
+		// row (a sequence spent by a duplicate event id, or pruned): the
+		// position may move there.
+		h.live.pos = through
 	}
-	return n, nil
+	return len(page.Events), nil
 }
 
 // logReset handles a head below the live position: the log was reset or
@@ -311,7 +325,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 // reconnects, is told by an unknown_cursor gap and goes on from the new head;
 // gap subscribers are told the same; the live position moves down to
 // through, above which rows are delivered again. The caller holds
-// h.live.mu.
+// h.live.catchMu and h.live.mu.
 func (h *EventHub) logReset(head, through int64) {
 	h.logger.Warn("replayd: the log's head is below the live position: the log was reset or replaced; reconnecting streams",
 		"head", head, "livePosition", h.live.pos)

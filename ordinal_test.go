@@ -61,7 +61,7 @@ func bruteCount(t testing.TB, db *sql.DB, topics []string, after, before int64) 
 
 // checkCounts compares span with the row-by-row count over random ranges
 // and scopes.
-func checkCounts(t *testing.T, db *sql.DB, l *EventLog, head int64) {
+func checkCounts(t *testing.T, db *sql.DB, l *sqliteStore, head int64) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(7, 8))
 	scopes := [][]string{nil, {"a"}, {"b"}, {"a", "c"}, {"a", "b", "c"}, {"nobody"}}
@@ -104,11 +104,11 @@ func TestOrdinalCountsExactAcrossPrunes(t *testing.T) {
 		}
 	}
 	head, _ := h.LatestSequence(ctx)
-	checkCounts(t, db, h.log, head)
+	checkCounts(t, db, h.store.s.(*sqliteStore), head)
 	if _, err := h.Prune(ctx, RetentionPolicy{MaxEvents: 250}); err != nil {
 		t.Fatal(err)
 	}
-	checkCounts(t, db, h.log, head)
+	checkCounts(t, db, h.store.s.(*sqliteStore), head)
 	// Everything pruned: numbering restarts, still without holes.
 	if _, err := h.Prune(ctx, RetentionPolicy{MaxEvents: 1}); err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestOrdinalCountsExactAcrossPrunes(t *testing.T) {
 		mustPublish(t, h, []string{"a", "b", ""}[i%3], i)
 	}
 	head, _ = h.LatestSequence(ctx)
-	checkCounts(t, db, h.log, head)
+	checkCounts(t, db, h.store.s.(*sqliteStore), head)
 }
 
 func TestMigrateOrdinalsFromOldSchema(t *testing.T) {
@@ -158,7 +158,7 @@ func TestMigrateOrdinalsFromOldSchema(t *testing.T) {
 	for i := range 30 {
 		mustPublish(t, h, []string{"a", "b", ""}[i%3], i)
 	}
-	checkCounts(t, db, h.log, old+30)
+	checkCounts(t, db, h.store.s.(*sqliteStore), old+30)
 
 	// An earlier version still writing the file appends unnumbered rows:
 	// counts stay exact (row by row), this version's rows stay unnumbered
@@ -169,7 +169,7 @@ func TestMigrateOrdinalsFromOldSchema(t *testing.T) {
 	if err := db.QueryRow(`SELECT ordinal FROM events ORDER BY sequence DESC LIMIT 1`).Scan(&last); err != nil || last.Valid {
 		t.Fatalf("a row after unnumbered ones got ordinal %v (%v)", last, err)
 	}
-	checkCounts(t, db, h.log, old+71)
+	checkCounts(t, db, h.store.s.(*sqliteStore), old+71)
 	db2, err := OpenDB(path)
 	if err != nil {
 		t.Fatal(err)
@@ -183,5 +183,5 @@ func TestMigrateOrdinalsFromOldSchema(t *testing.T) {
 	if err := db.QueryRow(`SELECT ordinal FROM events ORDER BY sequence DESC LIMIT 1`).Scan(&last); err != nil || !last.Valid {
 		t.Fatalf("the newest row has ordinal %v (%v)", last, err)
 	}
-	checkCounts(t, db, h.log, old+72)
+	checkCounts(t, db, h.store.s.(*sqliteStore), old+72)
 }

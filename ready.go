@@ -8,10 +8,11 @@ import (
 )
 
 // Ready reports whether the hub can read and write its log, for a load
-// balancer's readiness probe: nil when it can. It reads the head, then takes
-// and releases the log's write lock (BEGIN IMMEDIATE, ROLLBACK) without
-// writing anything. The probe queues behind this hub's own commits instead
-// of racing them for SQLite's lock, so it never stalls a publish; a
+// balancer's readiness probe: nil when it can. It reads the head, then, if
+// the store is a [WriteProber], checks that it could write. The SQLite store
+// takes and releases the log's write lock (BEGIN IMMEDIATE, ROLLBACK)
+// without writing anything; the probe queues behind the store's own commits
+// instead of racing them for SQLite's lock, so it never stalls a publish; a
 // database that another connection keeps locked, or that is read-only,
 // makes it fail. It does not prove there is disk space left. ctx bounds the
 // whole check: give it a deadline. After Close it returns ErrClosed.
@@ -22,16 +23,15 @@ func (h *EventHub) Ready(ctx context.Context) error {
 	if _, err := h.store.latestSequence(ctx); err != nil {
 		return fmt.Errorf("replayd: ready: read: %w", err)
 	}
-	unlock, err := h.lockWritesCtx(ctx)
-	if err != nil {
-		return fmt.Errorf("replayd: ready: wait for the writer: %w", err)
+	p, ok := h.store.s.(WriteProber)
+	if !ok {
+		return nil
 	}
-	defer unlock()
-	if h.isClosed() { // Close may have released the log meanwhile
-		return ErrClosed
-	}
-	if err := h.store.probeWrite(ctx); err != nil {
-		return fmt.Errorf("replayd: ready: take the write lock: %w", err)
+	if err := p.ProbeWrite(ctx); err != nil {
+		if h.isClosed() { // Close released the log meanwhile
+			return ErrClosed
+		}
+		return fmt.Errorf("replayd: ready: %w", err)
 	}
 	return nil
 }
@@ -42,33 +42,9 @@ func (h *EventHub) isClosed() bool {
 	return h.closed
 }
 
-// lockWritesCtx takes writeMu, or gives up when ctx ends. A lock taken
-// after giving up is released at once by the goroutine that waited for it.
-func (h *EventHub) lockWritesCtx(ctx context.Context) (unlock func(), err error) {
-	if h.writeMu.TryLock() {
-		return h.writeMu.Unlock, nil
-	}
-	got, abandon := make(chan struct{}), make(chan struct{})
-	go func() {
-		h.writeMu.Lock()
-		select {
-		case got <- struct{}{}:
-		case <-abandon:
-			h.writeMu.Unlock()
-		}
-	}()
-	select {
-	case <-got:
-		return h.writeMu.Unlock, nil
-	case <-ctx.Done():
-		close(abandon)
-		return nil, ctx.Err()
-	}
-}
-
 // probeWrite takes the write lock on the writer's connection and releases
-// it, writing nothing. The caller holds the hub's writeMu.
-func (l *EventLog) probeWrite(ctx context.Context) error {
+// it, writing nothing. The caller holds l.writeMu.
+func (l *sqliteStore) probeWrite(ctx context.Context) error {
 	if l.writer == nil {
 		w, err := openLogWriter(ctx, l.db)
 		if err != nil {
@@ -85,7 +61,10 @@ func (l *EventLog) probeWrite(ctx context.Context) error {
 	if broken || l.db.Stats().MaxOpenConnections == 1 {
 		l.releaseWriter(broken) // as appendBatch does
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("take the write lock: %w", err)
+	}
+	return nil
 }
 
 // readyTimeout bounds the check ReadyHandler runs for one request.

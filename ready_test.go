@@ -123,8 +123,8 @@ func TestReadyLockedDatabase(t *testing.T) {
 		published <- err
 	}()
 	waitUntil(t, "the writer to hold writeMu", func() bool {
-		if h.writeMu.TryLock() {
-			h.writeMu.Unlock()
+		if mu := &h.store.s.(*sqliteStore).writeMu; mu.TryLock() {
+			mu.Unlock()
 			return false
 		}
 		return true

@@ -20,18 +20,12 @@ type RetentionPolicy struct {
 // same transaction as its delete, so a client that reconnects below it gets
 // a "pruned" gap. It returns how many rows it deleted.
 func (h *EventHub) Prune(ctx context.Context, policy RetentionPolicy) (deleted int64, err error) {
-	deleted, err = h.store.prune(ctx, policy, h.lockWrites)
+	deleted, err = h.store.s.Prune(ctx, policy)
 	h.metrics.pruned(deleted)
 	if err != nil {
 		return deleted, fmt.Errorf("replayd: prune: %w", err)
 	}
 	return deleted, nil
-}
-
-// lockWrites takes the hub's write lock and returns its unlock.
-func (h *EventHub) lockWrites() func() {
-	h.writeMu.Lock()
-	return h.writeMu.Unlock
 }
 
 // defaultRetentionInterval is StartRetention's interval when given none.

@@ -236,18 +236,18 @@ func TestPublishAfterLogResetDeliversLive(t *testing.T) {
 	}
 }
 
-// faultyStore is a hub's store with faults injected: reads above the live
-// position fail while failReads is set.
+// faultyStore is a hub's store with faults injected: reads of rows of
+// every topic (the live catch-up's) fail while failReads is set.
 type faultyStore struct {
-	store
+	Store
 	failReads atomic.Bool
 }
 
-func (s *faultyStore) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
-	if s.failReads.Load() {
-		return nil, errors.New("injected read failure")
+func (s *faultyStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
+	if len(req.Scope) == 0 && s.failReads.Load() {
+		return Page{}, errors.New("injected read failure")
 	}
-	return s.store.readAfter(ctx, after, limit)
+	return s.Store.Read(ctx, req)
 }
 
 // Rows another process committed that this hub cannot read (a database
@@ -265,8 +265,8 @@ func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
 	other := newTestHub(t, db2, Options{})
 
 	first := mustPublish(t, h, "", "before")
-	fs := &faultyStore{store: h.store}
-	h.store = fs // the writer reads it only after the next publish hands it an event
+	fs := &faultyStore{Store: h.store.s}
+	h.store.s = fs // the writer reads it only after the next publish hands it an event
 	rec := recordSubscriber(h)
 	c := dial(t, srv.URL, nil)
 	c.hello()

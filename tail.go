@@ -102,32 +102,44 @@ func (h *EventHub) poll(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	h.live.mu.Lock()
-	defer h.live.mu.Unlock()
-	if head < h.live.pos {
+	h.live.catchMu.Lock()
+	defer h.live.catchMu.Unlock()
+	if head < h.live.position() {
 		// Either a publish moved the position past the head read before
 		// the lock, or the log was reset: a head read now tells.
 		if head, err = h.store.latestSequence(ctx); err != nil {
 			return 0, err
 		}
-		if head < h.live.pos {
+		h.live.mu.Lock()
+		reset := head < h.live.pos
+		if reset {
 			h.logReset(head, head)
+		}
+		h.live.mu.Unlock()
+		if reset {
 			return 0, nil
 		}
 	}
 	switch {
-	case head <= h.live.pos:
+	case head <= h.live.position():
 		h.metrics.tailLag(0)
 		return 0, nil
 	case !h.live.hasSubscribers():
+		h.live.mu.Lock()
 		h.live.pos = head // see deliver
+		h.live.mu.Unlock()
 		h.metrics.tailLag(0)
 		return 0, nil
 	}
+	h.live.mu.Lock()
 	h.live.newestAt = time.Time{}
+	h.live.mu.Unlock()
 	n, err := h.catchUp(head, catchUpPage)
-	if !h.live.newestAt.IsZero() {
-		h.metrics.tailLag(time.Since(h.live.newestAt))
+	h.live.mu.Lock()
+	newestAt := h.live.newestAt
+	h.live.mu.Unlock()
+	if !newestAt.IsZero() {
+		h.metrics.tailLag(time.Since(newestAt))
 	}
 	return n, err
 }

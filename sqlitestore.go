@@ -1,0 +1,228 @@
+package replayd
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// errStoreClosed is returned by a SQLite store's writes after Close.
+var errStoreClosed = errors.New("replayd: the store is closed")
+
+// openSQLiteStore returns the SQLite store over db: it creates the schema
+// if it is missing, remembers the database file's identity, and reserves
+// the writer's connection now, before any reader can queue for the pool
+// (§2: a publish is never slowed by SSE clients).
+func openSQLiteStore(db *sql.DB) (*sqliteStore, error) {
+	if db == nil {
+		return nil, errors.New("replayd: nil *sql.DB")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := &sqliteStore{db: db}
+	if err := s.EnsureSchema(ctx); err != nil {
+		return nil, fmt.Errorf("replayd: ensure schema: %w", err)
+	}
+	var err error
+	if s.file, err = newFileGuard(ctx, db); err != nil {
+		return nil, fmt.Errorf("replayd: new: %w", err)
+	}
+	if db.Stats().MaxOpenConnections != 1 {
+		s.writeMu.Lock()
+		err = s.reserveWriter(ctx)
+		s.writeMu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("replayd: new: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// EnsureSchema creates the tables and index if they are missing.
+func (l *sqliteStore) EnsureSchema(ctx context.Context) error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	return l.ensureSchema(ctx)
+}
+
+// Close releases the writer's connection. It waits for a write in
+// progress; it never closes the *sql.DB. Writes after Close fail; reads
+// keep working as long as the *sql.DB is open.
+func (l *sqliteStore) Close() error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	l.closed = true
+	l.releaseWriter(false)
+	return nil
+}
+
+// Append commits evs in one transaction (see appendBatch). A batch that
+// fails on one row (a constraint, such as a trigger's RAISE, or a value too
+// big) is committed again event by event, so that only that event fails:
+// then every failure, of whatever kind, is its own event's Err.
+func (l *sqliteStore) Append(ctx context.Context, evs []Event) ([]AppendResult, error) {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	if l.closed {
+		return nil, errStoreClosed
+	}
+	res := make([]AppendResult, len(evs))
+	batch := make([]Event, len(evs))
+	copy(batch, evs)
+	dup := make([]bool, len(evs))
+	err := l.appendBatch(ctx, batch, dup)
+	switch {
+	case err == nil:
+	case len(evs) > 1 && rowError(err) && ctx.Err() == nil:
+		for i := range evs {
+			one, d := []Event{evs[i]}, []bool{false}
+			if err := l.appendBatch(ctx, one, d); err != nil {
+				res[i] = AppendResult{Event: evs[i], Err: err}
+				continue
+			}
+			res[i] = AppendResult{Event: one[0], Duplicate: d[0]}
+		}
+		return res, nil
+	default:
+		return nil, err
+	}
+	for i := range batch {
+		res[i] = AppendResult{Event: batch[i], Duplicate: dup[i]}
+	}
+	return res, nil
+}
+
+// Head reads the head from sqlite_sequence: one indexed row.
+func (l *sqliteStore) Head(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
+
+// Read reads a page in one read transaction (see Store.Read).
+func (l *sqliteStore) Read(ctx context.Context, req ReadRequest) (p Page, err error) {
+	req = req.withDefaults()
+	err = l.readTx(ctx, func(tx *sql.Tx) error {
+		// One row more than the limit tells More.
+		rows, err := tx.QueryContext(ctx, scopeQuery(kindReplay, len(req.Scope)), scopeArgs(req.Scope, req.After, req.Through, min(req.Limit, maxInt-1)+1)...)
+		if err != nil {
+			return err
+		}
+		size := 0
+		for rows.Next() {
+			if len(p.Events) == req.Limit || size >= req.MaxBytes {
+				p.More = true
+				break
+			}
+			ev, err := scanEvent(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			p.Events = append(p.Events, ev)
+			size += len(ev.Payload)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if p.Head, err = l.head(ctx, tx); err != nil {
+			return err
+		}
+		p.Watermark, err = l.watermark(ctx, tx, req.Scope)
+		return err
+	})
+	if err != nil {
+		return Page{}, err
+	}
+	return p, nil
+}
+
+// Window reads a resuming client's window (see readHandshake).
+func (l *sqliteStore) Window(ctx context.Context, scope []string, cursor int64, limit int) (Window, error) {
+	hs, err := l.readHandshake(ctx, scope, max(cursor, 0), max(limit, 0))
+	if err != nil {
+		return Window{}, err
+	}
+	if cursor >= hs.head {
+		return Window{Head: hs.head}, nil
+	}
+	return Window{
+		Head:      hs.head,
+		From:      hs.from,
+		Skipped:   Span{Count: hs.skipped.count, First: hs.skipped.first, Last: hs.skipped.last},
+		Watermark: hs.watermark,
+	}, nil
+}
+
+// Count counts a scope's events in (after, before) by their ordinals (see
+// span), in one read transaction.
+func (l *sqliteStore) Count(ctx context.Context, scope []string, after, before int64) (n int64, err error) {
+	err = l.readTx(ctx, func(tx *sql.Tx) error {
+		s, err := l.span(ctx, tx, scope, after, before)
+		n = s.count
+		return err
+	})
+	return n, err
+}
+
+// Prune deletes in batches, each its own write transaction under writeMu.
+func (l *sqliteStore) Prune(ctx context.Context, policy RetentionPolicy) (int64, error) {
+	return l.prune(ctx, policy, func() func() {
+		l.writeMu.Lock()
+		return l.writeMu.Unlock
+	})
+}
+
+// ProbeWrite takes and releases SQLite's write lock on the writer's
+// connection, writing nothing. It queues behind this store's own writes
+// (writeMu) instead of racing them for SQLite's lock, so it never stalls
+// an append; ctx bounds the wait.
+func (l *sqliteStore) ProbeWrite(ctx context.Context) error {
+	unlock, err := lockCtx(ctx, &l.writeMu)
+	if err != nil {
+		return fmt.Errorf("wait for the writer: %w", err)
+	}
+	defer unlock()
+	if l.closed {
+		return errStoreClosed
+	}
+	return l.probeWrite(ctx)
+}
+
+// readTx runs fn in one read transaction: one snapshot of the log.
+func (l *sqliteStore) readTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := tx.Commit(); err == nil {
+			err = cerr
+		}
+	}()
+	return fn(tx)
+}
+
+// lockCtx takes mu, or gives up when ctx ends. A lock taken after giving up
+// is released at once by the goroutine that waited for it.
+func lockCtx(ctx context.Context, mu *sync.Mutex) (unlock func(), err error) {
+	if mu.TryLock() {
+		return mu.Unlock, nil
+	}
+	got, abandon := make(chan struct{}), make(chan struct{})
+	go func() {
+		mu.Lock()
+		select {
+		case got <- struct{}{}:
+		case <-abandon:
+			mu.Unlock()
+		}
+	}()
+	select {
+	case <-got:
+		return mu.Unlock, nil
+	case <-ctx.Done():
+		close(abandon)
+		return nil, ctx.Err()
+	}
+}
