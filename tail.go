@@ -21,7 +21,10 @@ const defaultTailInterval = 200 * time.Millisecond
 // processes included, and delivers them live through the same path as this
 // hub's own publishes: every row exactly once, in sequence order. Use it in
 // a process that serves SSE while others publish. interval <= 0 means
-// 200ms. An idle poll reads only the head, one indexed row; a database
+// 200ms. If the hub's Store is a [Notifier] (PostgreSQL's LISTEN/NOTIFY,
+// say), the tail is woken at once by an append and the interval is only the
+// fallback poll, so a lost notification delays rows by at most the
+// interval and never loses one. An idle poll reads only the head, one indexed row; a database
 // error is logged and retried with back-off. A head below the live
 // position (the log was reset or replaced) ends every stream and moves the
 // live position to the new head; see SubscribeWithGaps and GapUnknownCursor.
@@ -68,13 +71,26 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 	delay, errDelay := time.Duration(0), interval
 	timer := time.NewTimer(delay)
 	defer timer.Stop()
+	notifier, _ := h.store.s.(Notifier)
+	failing := false
 	for {
-		select {
-		case <-ctx.Done():
+		if notifier != nil && delay > 0 && !failing {
+			// Woken at once by an append, from any process; the
+			// interval is only the fallback poll.
+			h.waitForAppend(ctx, notifier, delay)
+			timer.Stop() // no stale tick can follow (Go 1.23 timers)
+		} else {
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+		}
+		if ctx.Err() != nil {
 			return
-		case <-timer.C:
 		}
 		n, err := h.poll(ctx)
+		failing = err != nil
 		h.metrics.tailPolled()
 		h.checkLogFile(true) // logs a deleted or replaced file; Publish refuses
 		switch {
@@ -92,6 +108,18 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 			delay = min(max(2*delay, interval), idleCeiling)
 		}
 		timer.Reset(delay)
+	}
+}
+
+// waitForAppend waits at most d for n to report an append above the live
+// position. An error of n's other than d passing (a store closed, a lost
+// listener) is waited out until d has passed, so it never makes the tail
+// spin.
+func (h *EventHub) waitForAppend(ctx context.Context, n Notifier, d time.Duration) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if err := n.WaitForAppend(wctx, h.live.position()); err != nil && wctx.Err() == nil {
+		<-wctx.Done()
 	}
 }
 
