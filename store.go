@@ -60,11 +60,12 @@ import (
 //
 // # Calls, concurrency, errors
 //
-// Every method may be called concurrently with every other, from any number
-// of goroutines, hubs and processes sharing the log, except that a hub calls
-// Append from one goroutine at a time. A store serialises its own writes as
-// it needs to; it must not call back into the hub, which owns every lock and
-// goroutine of delivery: a store only answers calls.
+// Every method may be called concurrently with every other, Append
+// included, from any number of goroutines, hubs and processes sharing the
+// log (a hub appends from one goroutine, its group-commit writer, but other
+// hubs append to the same log at once). A store serialises its own writes
+// as it needs to; it must not call back into the hub, which owns every lock
+// and goroutine of delivery: a store only answers calls.
 //
 // A read (Head, Read, Window, Count) describes one consistent snapshot of
 // the log: every field of one answer is true of the log at one moment, a
@@ -114,7 +115,10 @@ type Store interface {
 	// window starts (the window is the newest min(|V|, limit) events of V,
 	// the scope's events above cursor, none when limit <= 0); the span of V
 	// below that window (what the client missed and is told in a gap); and
-	// the scope's watermark. With cursor >= head only Head is set.
+	// the scope's watermark. From-1 is at or above the cursor, the
+	// watermark and every skipped event, so that reading the window is
+	// reading the scope above From-1 (see Window). With cursor >= head only
+	// Head is meaningful.
 	//
 	// It reads no payload, and its cost must not grow with the number of
 	// events above cursor: a hostile client would otherwise buy a full scan
