@@ -212,19 +212,9 @@ func (s *Store) isClosed() bool {
 	return s.closed
 }
 
-// AppendResult is the outcome of one event of an Append batch.
-type AppendResult struct {
-	// Event is the stored event: the one given, with its Sequence and
-	// CreatedAt, or for a duplicate the original stored under its event id.
-	// With Err set it is the event given, unchanged.
-	Event replayd.Event
-	// Duplicate reports that the event id was already stored (or came
-	// earlier in the same batch): nothing was stored for this event.
-	Duplicate bool
-	// Err, when set, refused this event alone (it wraps replayd.ErrInvalid);
-	// the batch's other events are unaffected.
-	Err error
-}
+// AppendResult is the outcome of one event of an Append batch: see
+// replayd.AppendResult.
+type AppendResult = replayd.AppendResult
 
 // Append stores evs in order, in one transaction and one round trip, and
 // returns one result per event, in the same order. Each stored event gets

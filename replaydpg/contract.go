@@ -1,0 +1,110 @@
+package replaydpg
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/replayd/replayd"
+)
+
+// Store keeps replayd's storage contract (the storetest kit checks it) and
+// wakes a tailing hub through LISTEN/NOTIFY.
+var (
+	_ replayd.Store         = (*Store)(nil)
+	_ replayd.Notifier      = (*Store)(nil)
+	_ replayd.SchemaEnsurer = (*Store)(nil)
+)
+
+// EnsureSchema creates the tables if they are missing (Open does it too).
+func (s *Store) EnsureSchema(ctx context.Context) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	return s.ensureSchema(ctx)
+}
+
+// Read reads, in one REPEATABLE READ READ ONLY transaction (one round
+// trip), the oldest events of the scope above req.After, at most req.Limit
+// (<= 0: 100) and up to req.Through (0: no bound), stopping once they hold
+// req.MaxBytes of payload (at least one), with More, the head and the
+// scope's watermark (see replayd.Store.Read).
+func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (replayd.Page, error) {
+	// One event more than the limit tells More.
+	limit := defaultLimit(req.Limit)
+	pp, err := s.Poll(ctx, req.Scope, req.After, limit+1)
+	if err != nil {
+		return replayd.Page{}, err
+	}
+	evs := pp.Events
+	if req.Through > 0 {
+		for i, e := range evs {
+			if e.Sequence > req.Through {
+				evs = evs[:i]
+				break
+			}
+		}
+	}
+	n, size := 0, 0
+	for n < len(evs) && n < limit && (req.MaxBytes <= 0 || size < req.MaxBytes) {
+		size += len(evs[n].Payload)
+		n++
+	}
+	return replayd.Page{Events: evs[:n], More: n < len(evs), Head: pp.Head, Watermark: pp.Watermark}, nil
+}
+
+// Window reads a resuming client's window in one snapshot (see
+// replayd.Store.Window), through Handshake: it reads the payloads of up to
+// limit+1 events, never more, wherever the cursor is.
+func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit int) (replayd.Window, error) {
+	hs, err := s.Handshake(ctx, scope, max(cursor, 0), max(limit, 0))
+	if err != nil {
+		return replayd.Window{}, err
+	}
+	w := replayd.Window{
+		Head:      hs.Head,
+		From:      hs.Head + 1,
+		Skipped:   replayd.Span{Count: hs.SkippedCount, First: hs.SkippedFirst, Last: hs.SkippedLast},
+		Watermark: hs.Watermark,
+	}
+	if len(hs.Replay) > 0 {
+		w.From = hs.Replay[0].Sequence
+	}
+	return w, nil
+}
+
+// Count counts the scope's events in (after, before) in one snapshot: the
+// events above after less those above before-1, each counted by ordinals
+// (two index probes per topic).
+func (s *Store) Count(ctx context.Context, scope []string, after, before int64) (int64, error) {
+	if s.isClosed() {
+		return 0, ErrClosed
+	}
+	if before <= after+1 {
+		return 0, nil
+	}
+	topics, err := scopeTopics(scope)
+	if err != nil {
+		return 0, err
+	}
+	count, args := s.q.countGlobal, []any{}
+	if len(topics) > 0 {
+		count, args = s.q.countTopics, []any{topics}
+	}
+	b := &pgx.Batch{}
+	b.Queue(qBeginSnapshot)
+	b.Queue(count, append(args, after)...)
+	b.Queue(count, append(args, before-1)...)
+	b.Queue("COMMIT")
+	var above, atOrAbove, first int64
+	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(&above, &first); err != nil {
+			return err
+		}
+		return br.QueryRow().Scan(&atOrAbove, &first)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("replaydpg: count: %w", err)
+	}
+	return above - atOrAbove, nil
+}
