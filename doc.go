@@ -112,6 +112,28 @@
 //
 //   - New creates the schema; [EventHub.EnsureSchema] remains for explicit use
 //     (for example by a migration step) and is idempotent.
+//   - Storage is a [Store] (§14): New is [NewWithStore] over the SQLite store
+//     ([NewSQLiteStore]); the hub closes that store (its writer's
+//     connection) on Close, but never a Store given to NewWithStore, nor the
+//     *sql.DB. Capabilities beyond the contract are small optional
+//     interfaces the hub looks for: [Notifier] (StartTail is woken by
+//     appends; the interval becomes the fallback poll), [SchemaEnsurer]
+//     (EnsureSchema; without it EnsureSchema does nothing) and [WriteProber]
+//     (Ready; without it Ready reads the head only). The SQLite file-identity
+//     guard ([ErrLogReplaced]) works only over the SQLite store.
+//   - The SQLite store serialises its own writes (appends, prune batches,
+//     schema, the Ready probe); a batch that fails on one row is committed
+//     again event by event inside the store, so only that event's Publish
+//     fails (AppendResult.Err). The hub then delivers each stored event of
+//     that batch on its own, since other processes may have committed rows
+//     between them.
+//   - Live delivery reads the log (to catch up on other processes' rows)
+//     without holding the lock under which rows are dispatched: a second
+//     mutex orders deliveries, so a slow read delays only the deliveries
+//     behind it.
+//   - [EventLog.ReplayLatest] reads where the window starts, then the
+//     window, in two snapshots: should retention delete part of it in
+//     between, it returns what is left.
 //   - Each row carries its ordinal in the log and in its topic (broadcasts
 //     count as one topic), so that a gap's exact count costs a few index
 //     lookups per topic whatever its size. New adds these columns to a
