@@ -632,6 +632,43 @@ func (l *EventLog) readPage(ctx context.Context, topics []string, after, through
 	return evs, mark, err
 }
 
+// page is what read returns: a scope's oldest events above a cursor, with
+// the head and the scope's watermark, read in one snapshot.
+type page struct {
+	events    []Event // ascending
+	more      bool    // more visible events existed above the last one
+	head      int64
+	watermark int64
+}
+
+// read returns, in one read transaction, the head, the scope's prune
+// watermark and its oldest events above after: at most limit of them, and
+// whether there were more. The poll handler answers from it; everything in
+// one answer describes the log at one moment, so a prune racing the read
+// cannot open a hole between the events and the watermark.
+func (l *EventLog) read(ctx context.Context, topics []string, after int64, limit int) (p page, err error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return p, err
+	}
+	defer func() {
+		if cerr := tx.Commit(); err == nil {
+			err = cerr
+		}
+	}()
+	if p.head, err = l.head(ctx, tx); err != nil {
+		return p, err
+	}
+	if p.watermark, err = l.watermark(ctx, tx, topics); err != nil || after >= p.head {
+		return p, err
+	}
+	p.events, err = l.replay(ctx, tx, topics, after, p.head, limit+1)
+	if len(p.events) > limit {
+		p.events, p.more = p.events[:limit], true
+	}
+	return p, err
+}
+
 func scanEvents(rows *sql.Rows, err error) ([]Event, error) {
 	if err != nil {
 		return nil, err

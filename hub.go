@@ -201,6 +201,9 @@ type store interface {
 	// pruneWatermark is the highest sequence retention has deleted, any topic.
 	pruneWatermark(ctx context.Context) (int64, error)
 	readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (handshake, error)
+	// read reads a scope's oldest events above a cursor, with the head
+	// and the scope's watermark, in one snapshot (the poll handler's read).
+	read(ctx context.Context, topics []string, after int64, limit int) (page, error)
 	// readPage reads a page of a replay and the scope's watermark after it.
 	readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) ([]Event, int64, error)
 	// prune applies policy; lock is held around each write transaction.

@@ -25,7 +25,7 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 	case http.MethodOptions:
-		h.preflight(w, r)
+		h.preflight(w, r, "GET, HEAD, OPTIONS")
 		return
 	default:
 		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
@@ -89,8 +89,8 @@ func (h *EventHub) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
 // preflight answers OPTIONS: a CORS preflight from an allowed origin gets
 // 204 allowing GET with Last-Event-ID and Cache-Control; any other origin
 // 403. An OPTIONS without Origin is not a preflight and just lists methods.
-func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Allow", "GET, HEAD, OPTIONS")
+func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
 	if r.Header.Get("Origin") != "" {
 		if !h.allowOrigin(w, r) {
 			http.Error(w, "origin not allowed", http.StatusForbidden)
