@@ -308,11 +308,14 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 		done:    make(chan struct{}),
 		streams: make(map[*stream]struct{}),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := h.EnsureSchema(ctx); err != nil {
+	// No deadline for the schema: numbering the rows of an earlier
+	// version's log runs once and takes about 8s a million rows; each of
+	// its transactions waits for the write lock within the busy timeout.
+	if err := h.EnsureSchema(context.Background()); err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if h.file, err = newFileGuard(ctx, db); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
