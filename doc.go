@@ -138,7 +138,8 @@
 //     count as one topic), so that a gap's exact count costs a few index
 //     lookups per topic whatever its size. New adds these columns to a
 //     database made by an earlier version and numbers its rows, 2,000 per
-//     write transaction, before it returns; it also replaces the
+//     write transaction, before it returns (about 8s a million rows; an
+//     interrupted numbering resumes where it stopped); it also replaces the
 //     (topic, sequence) index by (topic, sequence, topic_ordinal). Rows an
 //     earlier version appends later stay unnumbered (and so do this
 //     version's after them) until the next New: counts stay exact, but read
@@ -258,6 +259,15 @@
 //   - [EventHub.Ready] checks a read of the head and the write lock
 //     (BEGIN IMMEDIATE, ROLLBACK on the writer's connection, queued behind
 //     this hub's commits); it writes nothing and cannot detect a full disk.
+//   - The poll endpoint ([EventHub.PollHandler]) answers GET and OPTIONS
+//     only (HEAD gets 405, as any other method). It always sends
+//     Access-Control-Expose-Headers: Retry-After, so a cross-origin page
+//     can read the delay of a 503. A poll that arrives while the hub is
+//     closing gets 503; one already waiting gets its 200 with no events.
+//     A waiting poll woken by an event it then does not find above its
+//     cursor (one already answered) keeps waiting, within the same wait.
+//     Polls are not SSE connections: the tracker does not count them, the
+//     connections metric does (transport "poll") while they wait.
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
 //     Total and Snapshot. A topic stays in Snapshot and Stats with 0 clients
 //     after its last client leaves, until it has been idle for more than an

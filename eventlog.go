@@ -53,6 +53,7 @@ const (
 	qUnmigrated       = `SELECT ordinal IS NULL FROM events ORDER BY sequence DESC LIMIT 1`
 	qBackfillRows     = `SELECT sequence, topic, ordinal, topic_ordinal FROM events
 		WHERE sequence > ? ORDER BY sequence LIMIT ?`
+	qFirstFrom    = `SELECT ordinal IS NULL FROM events WHERE sequence >= ? ORDER BY sequence LIMIT 1`
 	qBackfillPrev = `SELECT ordinal FROM events WHERE sequence <= ? ORDER BY sequence DESC LIMIT 1`
 	qBackfillSet  = `UPDATE events SET ordinal = ?, topic_ordinal = ? WHERE sequence = ?`
 )
@@ -380,7 +381,10 @@ const backfillBatch = 2000
 // and this numbers them in sequence order. Until it is done, counts fall
 // back to reading rows (see span).
 func (l *sqliteStore) backfillOrdinals(ctx context.Context) error {
-	var pending bool
+	var (
+		pending bool
+		head    int64
+	)
 	err := l.db.QueryRowContext(ctx, qUnmigrated).Scan(&pending)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && !pending) {
 		return nil
@@ -388,7 +392,26 @@ func (l *sqliteStore) backfillOrdinals(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Unnumbered rows are a suffix: find where it starts by bisection, so
+	// that a numbering interrupted (New's deadline, a crash) resumes there.
 	var after int64 // every row up to here is numbered
+	if err := l.db.QueryRowContext(ctx, qHead).Scan(&head); err != nil {
+		return err
+	}
+	for lo, hi := int64(0), head; lo < hi; {
+		mid := lo + (hi-lo+1)/2
+		var unnumbered bool
+		err := l.db.QueryRowContext(ctx, qFirstFrom, mid).Scan(&unnumbered)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if err == nil && !unnumbered {
+			lo = mid // the first row at or above mid is numbered
+		} else {
+			hi = mid - 1
+		}
+		after = lo
+	}
 	for {
 		var n int
 		err := l.writeTx(ctx, func(conn *sql.Conn) error {

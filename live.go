@@ -30,8 +30,18 @@ type live struct {
 	// gets every row dispatched after that moment; every row dispatched
 	// before was committed before, so a head read afterwards covers it.
 	subsMu  sync.Mutex
-	byTopic map[string]map[*stream]struct{} // "" = global connections
-	funcs   []*funcSub                      // copy on write
+	byTopic map[string]map[*stream]struct{}     // "" = global connections
+	funcs   []*funcSub                          // copy on write
+	waiters map[string]map[*pollWaiter]struct{} // waiting long polls; "" = global
+}
+
+// pollWaiter is a long poll waiting for an event of its scope. dispatch
+// wakes it at most once per registration: it is unregistered as it is
+// woken, and registers again before its next read of the log.
+type pollWaiter struct {
+	topics []string
+	wake   chan struct{} // capacity 1; sent to by dispatch, read by the poll
+	armed  bool          // registered; guarded by live.subsMu
 }
 
 type funcSub struct {
@@ -80,6 +90,65 @@ type liveEvent struct {
 
 func (l *live) init() {
 	l.byTopic = make(map[string]map[*stream]struct{})
+	l.waiters = make(map[string]map[*pollWaiter]struct{})
+}
+
+// addWaiter registers w: the next row of its scope dispatched wakes it.
+func (l *live) addWaiter(w *pollWaiter) {
+	l.subsMu.Lock()
+	defer l.subsMu.Unlock()
+	if w.armed {
+		return
+	}
+	w.armed = true
+	for _, topic := range waiterKeys(w) {
+		set := l.waiters[topic]
+		if set == nil {
+			set = make(map[*pollWaiter]struct{})
+			l.waiters[topic] = set
+		}
+		set[w] = struct{}{}
+	}
+}
+
+// removeWaiter unregisters w if it is registered.
+func (l *live) removeWaiter(w *pollWaiter) {
+	l.subsMu.Lock()
+	defer l.subsMu.Unlock()
+	l.disarmLocked(w)
+}
+
+func (l *live) disarmLocked(w *pollWaiter) {
+	if !w.armed {
+		return
+	}
+	w.armed = false
+	for _, topic := range waiterKeys(w) {
+		set := l.waiters[topic]
+		delete(set, w)
+		if len(set) == 0 {
+			delete(l.waiters, topic)
+		}
+	}
+}
+
+// wakeLocked wakes, and unregisters, every waiter of set. The caller
+// holds subsMu.
+func (l *live) wakeLocked(set map[*pollWaiter]struct{}) {
+	for w := range set {
+		l.disarmLocked(w)
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func waiterKeys(w *pollWaiter) []string {
+	if len(w.topics) == 0 {
+		return globalKey
+	}
+	return w.topics
 }
 
 func (l *live) subscribeFunc(fn func(Event)) func() { return l.subscribe(fn, nil) }
@@ -112,7 +181,7 @@ func (l *live) subscribe(fn func(Event), gap func(Gap)) func() {
 func (l *live) hasSubscribers() bool {
 	l.subsMu.Lock()
 	defer l.subsMu.Unlock()
-	return len(l.byTopic) > 0 || len(l.funcs) > 0
+	return len(l.byTopic) > 0 || len(l.funcs) > 0 || len(l.waiters) > 0
 }
 
 // addStream registers s under each of its topics, or as a global stream.
@@ -174,6 +243,16 @@ func (l *live) dispatch(rows []Event) {
 		} else {
 			le = pushAll(l.byTopic[ev.Topic], ev, le)
 			pushAll(l.byTopic[""], ev, le)
+		}
+		if len(l.waiters) > 0 {
+			if ev.Topic == "" {
+				for _, set := range l.waiters {
+					l.wakeLocked(set)
+				}
+			} else {
+				l.wakeLocked(l.waiters[ev.Topic])
+				l.wakeLocked(l.waiters[""])
+			}
 		}
 	}
 	funcs := l.funcs

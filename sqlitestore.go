@@ -20,12 +20,15 @@ func openSQLiteStore(db *sql.DB) (*sqliteStore, error) {
 	if db == nil {
 		return nil, errors.New("replayd: nil *sql.DB")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	s := &sqliteStore{db: db}
-	if err := s.EnsureSchema(ctx); err != nil {
+	// No deadline for the schema: numbering the rows of an earlier
+	// version's log runs once and takes about 8s a million rows; each of
+	// its transactions waits for the write lock within the busy timeout.
+	if err := s.EnsureSchema(context.Background()); err != nil {
 		return nil, fmt.Errorf("replayd: ensure schema: %w", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	var err error
 	if s.file, err = newFileGuard(ctx, db); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)

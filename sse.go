@@ -25,7 +25,7 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 	case http.MethodOptions:
-		h.preflight(w, r)
+		h.preflight(w, r, "GET, HEAD, OPTIONS")
 		return
 	default:
 		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
@@ -89,8 +89,8 @@ func (h *EventHub) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
 // preflight answers OPTIONS: a CORS preflight from an allowed origin gets
 // 204 allowing GET with Last-Event-ID and Cache-Control; any other origin
 // 403. An OPTIONS without Origin is not a preflight and just lists methods.
-func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Allow", "GET, HEAD, OPTIONS")
+func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
 	if r.Header.Get("Origin") != "" {
 		if !h.allowOrigin(w, r) {
 			http.Error(w, "origin not allowed", http.StatusForbidden)
@@ -296,7 +296,14 @@ func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream,
 		if !h.acquireRead(ctx) {
 			return n, false
 		}
-		page, mark, err := h.store.readPage(ctx, topics, after, hs.head, replayPageEvents, replayPageBytes)
+		var (
+			page []Event
+			mark int64
+			err  error
+		)
+		offStack(func() {
+			page, mark, err = h.store.readPage(ctx, topics, after, hs.head, replayPageEvents, replayPageBytes)
+		})
 		h.releaseRead()
 		switch {
 		case err != nil:
@@ -341,13 +348,21 @@ func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor in
 		return hs, ErrClosed
 	}
 	defer h.releaseRead()
+	offStack(func() {
+		hs, err = h.store.readHandshake(ctx, topics, cursor, h.opts.SSE.ReplayLimit)
+	})
+	return hs, err
+}
+
+// offStack runs fn on a short-lived goroutine and waits for it, so that the
+// stack SQLite grows is not the caller's (see readHandshake).
+func offStack(fn func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		hs, err = h.store.readHandshake(ctx, topics, cursor, h.opts.SSE.ReplayLimit)
+		fn()
 	}()
 	<-done
-	return hs, err
 }
 
 // endEarly ends a stream before its hello: a 200 with only a comment, so an

@@ -320,7 +320,29 @@ func (v hubStore) readPage(ctx context.Context, topics []string, after, through 
 	return p.Events, p.Watermark, err
 }
 
-// checkReadRequest is the shared part of Read's argument handling.
+// page is what read returns: a scope's oldest events above a cursor, with
+// the head and the scope's watermark, read in one snapshot.
+type page struct {
+	events    []Event // ascending
+	more      bool    // more visible events existed above the last one
+	head      int64
+	watermark int64
+}
+
+// read returns, in one snapshot (Store.Read), the head, the scope's prune
+// watermark and its oldest events above after: at most limit of them, and
+// whether there were more. The poll handler answers from it; everything in
+// one answer describes the log at one moment, so a prune racing the read
+// cannot open a hole between the events and the watermark.
+func (v hubStore) read(ctx context.Context, topics []string, after int64, limit int) (page, error) {
+	p, err := v.s.Read(ctx, ReadRequest{Scope: topics, After: after, Limit: limit})
+	if err != nil {
+		return page{}, err
+	}
+	return page{events: p.Events, more: p.More, head: p.Head, watermark: p.Watermark}, nil
+}
+
+// withDefaults fills in ReadRequest's zero values.
 func (r ReadRequest) withDefaults() ReadRequest {
 	if r.Limit <= 0 {
 		r.Limit = 100

@@ -154,12 +154,6 @@ func checkPublishDuration(t *testing.T, reg prometheus.Gatherer, count uint64) {
 // Known traffic through a real hub over real HTTP; every metric is then
 // exactly what that traffic implies.
 //
-// TODO(poll): PollHandler does not exist on this branch yet; once it does,
-// add one long poll that is answered with events
-// (replayd_connections{transport="poll"} 1 while it waits and back to 0,
-// one replayd_replayed_events{transport="poll"} observation of their
-// number) and one poll refused for overload (503). Until then the poll
-// series are checked to stay at 0.
 func TestMetricsOverHTTP(t *testing.T) {
 	dir := t.TempDir()
 	db, err := replayd.OpenDB(filepath.Join(dir, "events.db"))
@@ -189,6 +183,8 @@ func TestMetricsOverHTTP(t *testing.T) {
 	}
 	srv := httptest.NewServer(h.Handler())
 	defer srv.Close()
+	psrv := httptest.NewServer(h.PollHandler())
+	defer psrv.Close()
 	defer h.Close() // first: it ends the streams srv.Close waits for
 	reg := prometheus.NewPedanticRegistry()
 	if err := replaydprom.Register(reg, h); err != nil {
@@ -330,7 +326,10 @@ func TestMetricsOverHTTP(t *testing.T) {
 	if code := status(t, srv.URL+"?topic=b", "", ""); code != http.StatusOK {
 		t.Fatalf("overloaded stream: %d", code)
 	}
-	w.refused["overload"] = 1
+	if code := status(t, psrv.URL+"?topic=b&cursor=0", "", ""); code != http.StatusServiceUnavailable {
+		t.Fatalf("overloaded poll: %d", code)
+	}
+	w.refused["overload"] = 2
 	w.sse = 4
 	compare(t, reg, w)
 	w.sse = 0
@@ -338,6 +337,32 @@ func TestMetricsOverHTTP(t *testing.T) {
 		c.close()
 	}
 	waitConnections(t, h, 1)
+
+	// A long poll waits (a connection), and is answered with the one event
+	// published on its topic: one observation of 1 replayed event.
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(fmt.Sprintf("%s?topic=p&cursor=%d&wait=20", psrv.URL, w.head))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		var ans struct{ Events []json.RawMessage }
+		json.NewDecoder(resp.Body).Decode(&ans)
+		resp.Body.Close()
+		answered <- len(ans.Events)
+	}()
+	waitUntil(t, "a waiting poll", func() bool { return h.Metrics().PollConnections == 1 })
+	w.sse, w.poll = 1, 1
+	compare(t, reg, w)
+	w.sse, w.poll = 0, 0
+	w.head = publish("p", "for the poll").Sequence
+	w.published++
+	if n := <-answered; n != 1 {
+		t.Fatalf("the long poll got %d events", n)
+	}
+	w.replayedPoll = []int64{1}
+	waitUntil(t, "no waiting poll", func() bool { return h.Metrics().PollConnections == 0 })
 
 	// One tail poll, caught up.
 	stop, err := h.StartTail(time.Hour, replayd.TailOptions{})

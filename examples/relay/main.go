@@ -17,13 +17,15 @@
 //	GET  /            the page (index.html, embedded)
 //	GET  /replayd.js  the browser module (replayd.ClientScript)
 //	GET  /events      the SSE endpoint, ?topic=job-<id>
+//	GET  /poll        the poll endpoint, ?topic=job-<id>&cursor=n&wait=25
 //	POST /jobs        start a job: {"id": "<id>", "topic": "job-<id>"}
 //
 // Each job publishes its chunks to its own topic, job-<id>, as events of
 // type "chunk" ({"i": n, "text": "..."}), then one event of type "done".
 //
-// TODO(poll): once EventHub.PollHandler exists, uncomment the /poll route
-// in newMux and switch the page to transport "poll" (see index.html).
+// The page reads the answer over long polls (transport "poll"), the way a
+// browser extension or an embedded frame that cannot hold a stream open
+// would; the SSE endpoint is served too, and shares the poll's cursor.
 package main
 
 import (
@@ -138,8 +140,7 @@ func newMux(r *relay) *http.ServeMux {
 	})
 	mux.Handle("/replayd.js", replayd.ClientScript())
 	mux.Handle("/events", r.hub.Handler())
-	// TODO(poll): serve long polls once the poll transport lands (SPEC §11):
-	// mux.Handle("/poll", r.hub.PollHandler())
+	mux.Handle("/poll", r.hub.PollHandler())
 	mux.HandleFunc("POST /jobs", r.start)
 	return mux
 }
