@@ -1,8 +1,14 @@
 package replaydpg
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,5 +105,73 @@ func TestHubsOnTwoNodes(t *testing.T) {
 		if err != nil || head != want[19] {
 			t.Fatalf("LatestSequence: %d, %v", head, err)
 		}
+	}
+}
+
+// A client resuming over SSE from a node on PostgreSQL is replayed exactly
+// what it missed (Window, then Read pages), and told of what was pruned.
+func TestSSEResumeOnPostgres(t *testing.T) {
+	dsn, prefix := testDSN(t), testPrefix(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := Open(ctx, dsn, WithTablePrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	hub, err := replayd.NewWithStore(s, replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hub.Close()
+	srv := httptest.NewServer(hub.Handler())
+	defer srv.Close()
+	var seqs []int64
+	for i := range 10 {
+		ev, err := hub.Publish(ctx, "", i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, ev.Sequence)
+	}
+	if n, err := hub.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 8}); err != nil || n != 2 {
+		t.Fatalf("Prune: %d, %v", n, err)
+	}
+	// Resuming from the first event: the second was pruned, the next four
+	// are skipped (ReplayLimit 3), the last three replayed.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	req.Header.Set("Last-Event-ID", strconv.FormatInt(seqs[0], 10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var (
+		events []string
+		ids    []string
+	)
+	sc := bufio.NewScanner(resp.Body)
+	var typ, id string
+	for len(ids) < 3 && sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			typ = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "id: "):
+			id = strings.TrimPrefix(line, "id: ")
+		case line == "" && typ != "":
+			events = append(events, typ)
+			if typ == "message" {
+				ids = append(ids, id)
+			}
+			typ, id = "", ""
+		}
+	}
+	want := []string{strconv.FormatInt(seqs[7], 10), strconv.FormatInt(seqs[8], 10), strconv.FormatInt(seqs[9], 10)}
+	if fmt.Sprint(ids) != fmt.Sprint(want) {
+		t.Fatalf("replayed ids %v, want %v (events %v)", ids, want, events)
+	}
+	if !slices.Contains(events, "gap") {
+		t.Fatalf("no gap frame before the replay: events %v", events)
 	}
 }
