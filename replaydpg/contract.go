@@ -2,6 +2,7 @@ package replaydpg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -14,7 +15,27 @@ var (
 	_ replayd.Store         = (*Store)(nil)
 	_ replayd.Notifier      = (*Store)(nil)
 	_ replayd.SchemaEnsurer = (*Store)(nil)
+	_ replayd.WriteProber   = (*Store)(nil)
 )
+
+// ProbeWrite reports whether the pool's server accepts writes now, writing
+// nothing: a pooled session that is not a hot standby and not read-only by
+// default (EventHub.Ready calls it). It takes no lock, so it never delays
+// an Append.
+func (s *Store) ProbeWrite(ctx context.Context) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT NOT pg_is_in_recovery() AND current_setting('default_transaction_read_only') = 'off'`).Scan(&ok)
+	switch {
+	case err != nil:
+		return fmt.Errorf("replaydpg: probe write: %w", err)
+	case !ok:
+		return errors.New("replaydpg: probe write: the server is read-only (a standby, or default_transaction_read_only)")
+	}
+	return nil
+}
 
 // EnsureSchema creates the tables if they are missing (Open does it too).
 func (s *Store) EnsureSchema(ctx context.Context) error {

@@ -91,6 +91,9 @@ func TestHubsOnTwoNodes(t *testing.T) {
 	}
 	mu.Unlock()
 
+	if err := hubA.Ready(ctx); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
 	// Both nodes read the same log through EventLog.
 	for _, h := range []*replayd.EventHub{hubA, hubB} {
 		evs, err := h.Log().ReplayLatest(ctx, "a", 0, 3)
