@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"runtime/pprof"
 	"sync"
 	"time"
 )
@@ -73,6 +75,33 @@ func (s *server) registerExtra(mux *http.ServeMux) {
 		mux.Handle("/poll", rp)
 		mux.HandleFunc("/ctl/pollbody", rp.setBody)
 	}
+	mux.HandleFunc("/ctl/profile", handleProfile)
+}
+
+// profileEnv names a directory: when set, the poll throughput phase takes a
+// CPU profile of the server over its window into it (go tool pprof).
+const profileEnv = "REPLAYD_BENCH_PROFILE"
+
+// handleProfile writes a CPU profile of ?dur= to the file ?out=.
+func handleProfile(w http.ResponseWriter, r *http.Request) {
+	f, err := os.Create(r.URL.Query().Get("out"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
+	t := time.NewTimer(queryDur(r, "dur", time.Second))
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		t.Stop()
+	}
+	pprof.StopCPUProfile()
+	writeJSON(w, struct{}{})
 }
 
 // connCounts is what /ctl/conns answers: the hub's open SSE streams and

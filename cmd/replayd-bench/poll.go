@@ -9,6 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -467,7 +470,7 @@ func (b *bench) pollRateHub(ctx context.Context) (pollLoad, []byte, error) {
 		pubDone <- srv.ctl(pubCtx, fmt.Sprintf("/ctl/publish?n=%d&rate=%d&conc=4&topic=p", n, x.PollRate), nil)
 	}()
 	backlog := pr.Published
-	load := b.pollLoadRun(ctx, srv, x.PollClients, func(i int) int64 { return int64(i) * backlog / int64(x.PollClients) },
+	load := b.pollLoadRun(ctx, srv, "hub", x.PollClients, func(i int) int64 { return int64(i) * backlog / int64(x.PollClients) },
 		func(cursor int64) string {
 			return "/poll?topic=p&limit=" + strconv.Itoa(x.PollLimit) + "&cursor=" + strconv.FormatInt(cursor, 10)
 		})
@@ -493,7 +496,7 @@ func (b *bench) pollRateRaw(ctx context.Context, body []byte) (pollLoad, error) 
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	load := b.pollLoadRun(ctx, srv, x.PollClients, func(i int) int64 { return 0 },
+	load := b.pollLoadRun(ctx, srv, "raw", x.PollClients, func(i int) int64 { return 0 },
 		func(cursor int64) string {
 			return "/poll?topic=p&limit=" + strconv.Itoa(x.PollLimit) + "&cursor=" + strconv.FormatInt(cursor, 10)
 		})
@@ -503,7 +506,7 @@ func (b *bench) pollRateRaw(ctx context.Context, body []byte) (pollLoad, error) 
 // pollLoadRun runs clients that poll in a loop, client i from cursor
 // start(i), each passing back the cursor of the answer it got, and counts
 // the answers received within the window (after PollWarm, for PollDur).
-func (b *bench) pollLoadRun(ctx context.Context, srv *serverProc, clients int, start func(i int) int64, path func(cursor int64) string) pollLoad {
+func (b *bench) pollLoadRun(ctx context.Context, srv *serverProc, name string, clients int, start func(i int) int64, path func(cursor int64) string) pollLoad {
 	x := b.cfg.extra
 	var out pollLoad
 	conns := make([]*pollConn, clients)
@@ -562,6 +565,10 @@ func (b *bench) pollLoadRun(ctx context.Context, srv *serverProc, clients int, s
 	var statErr error
 	sleepUntil(ctx, open)
 	cpu0, statErr = srv.stats(ctx, false)
+	if dir := os.Getenv(profileEnv); dir != "" {
+		out := filepath.Join(dir, fmt.Sprintf("poll-%s.pprof", name))
+		go srv.ctl(ctx, "/ctl/profile?dur="+x.PollDur.String()+"&out="+url.QueryEscape(out), nil)
+	}
 	sleepUntil(ctx, shut)
 	if statErr == nil {
 		cpu1, statErr = srv.stats(ctx, false)
