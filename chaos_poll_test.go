@@ -20,8 +20,10 @@ import (
 // Poll clients in TestChaos (SPEC §11): next to the SSE clients, clients
 // that poll either hub in sessions of consecutive polls, each passing back
 // the cursor of the answer before, with varied limits, waits (0 and long
-// polls) and scopes, from fresh, resumed, stale and future cursors, and
-// from an SSE client's last id (one cursor for both transports). Every
+// polls) and scopes, from fresh, resumed, stale, future and invalid
+// cursors, and from an SSE client's last id; SSE connections in turn
+// sometimes resume from a poll client's cursor (mode "poll"): one cursor
+// for both transports. Every
 // answer is checked against the ledger by the rules checkConn applies to a
 // stream: ids strictly increasing from the cursor sent, every event a
 // published one of the scope with its type and data, every visible event
@@ -32,7 +34,8 @@ const chaosPollClients = 8
 
 // chaosPollState is the poll clients' share of a chaos run.
 type chaosPollState struct {
-	sseLast [chaosClients]atomic.Value // each SSE client's last id (string)
+	sseLast  [chaosClients]atomic.Value     // each SSE client's last id (string)
+	pollLast [chaosPollClients]atomic.Value // each poll client's last cursor (string)
 
 	mu       sync.Mutex
 	sessions [][]*chaosPollSession // by poll client
@@ -187,6 +190,7 @@ func (e *chaosEnv) pollClient(idx int, rng *rand.Rand) (sessions []*chaosPollSes
 			}
 			cursor = strconv.FormatInt(p.ans.Cursor, 10)
 			lastID = cursor
+			e.polls.pollLast[idx].Store(cursor)
 			if fence := e.fence.Load(); fence > 0 && p.passes(fence) {
 				s.end = "reached the fence"
 				return sessions, true
@@ -196,6 +200,13 @@ func (e *chaosEnv) pollClient(idx int, rng *rand.Rand) (sessions []*chaosPollSes
 			}
 		}
 	}
+}
+
+// pollCursor returns a random poll client's last cursor, "" if it has none
+// yet: an SSE connection resumes from it (mode "poll").
+func (e *chaosEnv) pollCursor(rng *rand.Rand) string {
+	id, _ := e.polls.pollLast[rng.IntN(chaosPollClients)].Load().(string)
+	return id
 }
 
 func finishing(finish <-chan struct{}) bool {

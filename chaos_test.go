@@ -749,6 +749,11 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 			c.mode = "invalid"
 			c.sent = []string{"abc", "-1", "1.5", "+3", "18446744073709551616", "9223372036854775808", "0x1f", "1e3", "٣"}[rng.IntN(9)]
 		}
+		if c.mode == "fresh" && !finishing && rng.IntN(3) == 0 {
+			if id := e.pollCursor(rng); id != "" { // one cursor for both transports
+				c.mode, c.sent = "poll", id
+			}
+		}
 		c.via = "header"
 		if rng.IntN(4) == 0 {
 			c.via = "query"
