@@ -170,7 +170,8 @@ func (b *bench) pollWaitPhase(ctx context.Context) error {
 	if polls.err != nil {
 		r.Replayd = "error: " + polls.err.Error()
 	} else {
-		r.Replayd = fmt.Sprintf("p50 %s, p99 %s, all %s (%d answers)", ms(lat.quantile(0.5)), ms(lat.quantile(0.99)), ms(lat.maximum()), lat.count())
+		r.Replayd = fmt.Sprintf("p50 %s, p99 %s, all %s (%d answers; %.0f µs server CPU per answer)",
+			ms(lat.quantile(0.5)), ms(lat.quantile(0.99)), ms(lat.maximum()), lat.count(), float64(polls.wakeCPU.Nanoseconds())/1e3)
 		if missed > 0 {
 			r.Replayd += fmt.Sprintf("; %d polls got no event", missed)
 		}
@@ -191,6 +192,7 @@ type memPer struct {
 	perGC      float64 // RSS delta after GC + FreeOSMemory, bytes
 	heapStack  float64 // Go heap in use + stacks, bytes
 	goroutines float64
+	wakeCPU    time.Duration // server CPU per poll from the publish until every poll has its answer
 	err        error
 }
 
@@ -306,6 +308,10 @@ func (b *bench) pollWaitOnce(ctx context.Context, n int) (mem memPer, lat *histo
 		return mem, nil, 0, fmt.Errorf("after the memory reading (did waits run out?): %w", err)
 	}
 
+	c0, err := srv.stats(ctx, false)
+	if err != nil {
+		return mem, nil, 0, err
+	}
 	var pr publishResult
 	if err := srv.ctl(ctx, "/ctl/publish?n=1&topic=wait", &pr); err != nil {
 		return mem, nil, 0, err
@@ -315,6 +321,9 @@ func (b *bench) pollWaitOnce(ctx context.Context, n int) (mem memPer, lat *histo
 	select {
 	case <-done:
 	case <-ctx.Done():
+	}
+	if c1, err := srv.stats(ctx, false); err == nil {
+		mem.wakeCPU = time.Duration(c1.CPUNanos-c0.CPUNanos) / time.Duration(n)
 	}
 	lat = &histogram{}
 	var us []uint64
