@@ -18,7 +18,7 @@ import (
 type extraConfig struct {
 	MultiClients int // clients in the multi-topic fan-out
 	MultiFrames  int // frames to deliver per fan-out measurement
-	MultiPairs   int // single/multi measurement pairs, alternated ABBA
+	MultiPairs   int // rounds of 1, 4, 4, 1 topics (ABBA); 0: one of each
 
 	WaitPolls  int           // waiting long polls (and idle SSE streams to compare)
 	WaitSettle time.Duration // wait before reading RSS
@@ -45,7 +45,7 @@ var extraSizes = map[string]extraConfig{
 		PollWarm: 200 * time.Millisecond, PollDur: time.Second,
 	},
 	"tiny": {
-		MultiClients: 5, MultiFrames: 500, MultiPairs: 1,
+		MultiClients: 5, MultiFrames: 500, MultiPairs: 0,
 		WaitPolls: 20, WaitSettle: 20 * time.Millisecond,
 		PollClients: 4, PollLimit: 10, PollBacklog: 200, PollRate: 100,
 		PollWarm: 50 * time.Millisecond, PollDur: 200 * time.Millisecond,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"slices"
 	"strings"
 )
 
@@ -41,8 +40,12 @@ func (b *bench) multitopicPhase(ctx context.Context) error {
 		var rates [2][]float64 // [single, multi]
 		var cpu [2][]float64
 		var failed error
+		order := []int{0, 1, 1, 0} // ABBA
+		if x.MultiPairs == 0 {
+			order = []int{0, 1} // one of each (tiny)
+		}
 		for range max(x.MultiPairs, 1) {
-			for _, k := range []int{0, 1, 1, 0} {
+			for _, k := range order {
 				path := single
 				if k == 1 {
 					path = multi
@@ -136,18 +139,6 @@ func mean(xs []float64) float64 {
 		s += x
 	}
 	return s / float64(len(xs))
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // nums formats xs as "a / b / c".
