@@ -94,6 +94,7 @@ type chaosEnv struct {
 	overloadRetry time.Duration
 
 	connSeq atomic.Int64
+	polls   chaosPollState // chaos_poll_test.go
 	stats   struct {
 		publishes, retries, retriesSame, retriesNew, publishB atomic.Int64
 		pruneCalls, pruned, restarts, resyncs                 atomic.Int64
@@ -174,8 +175,15 @@ func TestChaos(t *testing.T) {
 	firstB, subB := e.newHubB(rng)
 	e.hubB.Store(firstB)
 
-	e.urlA = chaosServe(t, e.hubA.Handler())
+	muxA := http.NewServeMux()
+	muxA.Handle("/events", e.hubA.Handler())
+	muxA.Handle("/poll", e.hubA.PollHandler())
+	e.urlA = chaosServe(t, muxA)
 	e.urlB = chaosServe(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/poll" {
+			e.hubB.Load().PollHandler().ServeHTTP(w, r)
+			return
+		}
 		e.hubB.Load().Handler().ServeHTTP(w, r)
 	}))
 	transport := &http.Transport{
@@ -238,6 +246,7 @@ func TestChaos(t *testing.T) {
 			results[c] = e.client(c, rand.New(rand.NewPCG(seed, uint64(1000+c))))
 		}()
 	}
+	e.startPollClients(seed, &cwg)
 
 	phase := time.NewTimer(duration)
 	<-phase.C
@@ -606,6 +615,7 @@ type chaosEntry struct {
 type chaosLedger struct {
 	mu      sync.Mutex
 	bySeq   map[int64]chaosEntry
+	polled  map[int64]uint64   // sequence → hash of type and data as a poll answer carries them
 	byID    map[string]int64   // event id → the newest sequence returned for it
 	renewed map[int64]struct{} // originals a retry replaced with a new row
 }
@@ -626,6 +636,10 @@ func (l *chaosLedger) add(t *testing.T, ev Event) {
 		t.Errorf("Publish returned two different events for sequence %d: %+v and %+v", ev.Sequence, old, en)
 	}
 	l.bySeq[ev.Sequence] = en
+	if l.polled == nil {
+		l.polled = map[int64]uint64{}
+	}
+	l.polled[ev.Sequence] = chaosPollHash(ev.Type, ev.Payload)
 	l.byID[ev.EventID] = max(l.byID[ev.EventID], ev.Sequence)
 }
 
@@ -735,6 +749,11 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 			c.mode = "invalid"
 			c.sent = []string{"abc", "-1", "1.5", "+3", "18446744073709551616", "9223372036854775808", "0x1f", "1e3", "٣"}[rng.IntN(9)]
 		}
+		if c.mode == "fresh" && !finishing && rng.IntN(3) == 0 {
+			if id := e.pollCursor(rng); id != "" { // one cursor for both transports
+				c.mode, c.sent = "poll", id
+			}
+		}
 		c.via = "header"
 		if rng.IntN(4) == 0 {
 			c.via = "query"
@@ -790,6 +809,7 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 		// The next connection resumes from the last id this one received,
 		// as an EventSource would.
 		lastID = chaosLastID(c, lastID)
+		e.polls.sseLast[idx].Store(lastID)
 		if reached {
 			res.reachedFence = true
 			return res
@@ -1019,7 +1039,8 @@ func (f chaosFrame) passes(fence int64) bool {
 // chaosView is the ledger frozen for checking.
 type chaosView struct {
 	bySeq map[int64]chaosEntry
-	seqs  []int64 // ascending
+	polls map[int64]uint64 // chaosLedger.polled
+	seqs  []int64          // ascending
 	inDB  map[int64]bool
 	mark  int64 // the highest prune watermark of any topic
 }
@@ -1066,7 +1087,7 @@ func (v *chaosView) visibleIn(scope []string, after, before int64) []int64 {
 // against SPEC §1 and §4, and the in-process subscribers.
 func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elapsed time.Duration) {
 	t := e.t
-	v := &chaosView{bySeq: e.ledger.bySeq, inDB: map[int64]bool{}}
+	v := &chaosView{bySeq: e.ledger.bySeq, polls: e.ledger.polled, inDB: map[int64]bool{}}
 	for s := range v.bySeq {
 		v.seqs = append(v.seqs, s)
 	}
@@ -1167,6 +1188,7 @@ func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elap
 			}
 		}
 	}
+	violations = append(violations, e.checkPolls(v, head)...)
 	for i, msg := range violations {
 		if i == 8 {
 			t.Errorf("... and %d more violations", len(violations)-i)

@@ -153,7 +153,6 @@ func checkPublishDuration(t *testing.T, reg prometheus.Gatherer, count uint64) {
 
 // Known traffic through a real hub over real HTTP; every metric is then
 // exactly what that traffic implies.
-//
 func TestMetricsOverHTTP(t *testing.T) {
 	dir := t.TempDir()
 	db, err := replayd.OpenDB(filepath.Join(dir, "events.db"))

@@ -43,6 +43,7 @@ func main() {
 
 // config is the size of every phase.
 type config struct {
+	extra         extraConfig   // the multitopic and poll phases (extra.go)
 	PublishDur    time.Duration // per publish-throughput measurement
 	Publishers    []int         // concurrent publishers
 	FanoutClients []int         // clients per fan-out measurement
@@ -115,6 +116,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return fmt.Errorf("unknown size %q", *size)
 	}
+	cfg.extra = extraSizes[*size]
 	raiseFileLimit()
 	dir, err := os.MkdirTemp("", "replayd-bench-")
 	if err != nil {
@@ -153,6 +155,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func (b *bench) phase(ctx context.Context, name string) error {
+	if fn := extraPhases[name]; fn != nil {
+		return fn(b, ctx)
+	}
 	switch name {
 	case "publish":
 		return b.publishPhase(ctx)

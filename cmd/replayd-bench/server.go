@@ -111,6 +111,7 @@ func runServer(cfg serverConfig, stdin io.Reader, stdout io.Writer) error {
 	mux.HandleFunc("/ctl/pubbench", s.handlePubBench)
 	mux.HandleFunc("/ctl/rawinsert", s.handleRawInsert)
 	mux.HandleFunc("/ctl/tail", s.handleTail)
+	s.registerExtra(mux)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
