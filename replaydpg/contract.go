@@ -74,22 +74,65 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (replayd.Page
 	return replayd.Page{Events: evs[:n], More: n < len(evs), Head: pp.Head, Watermark: pp.Watermark}, nil
 }
 
-// Window reads a resuming client's window in one snapshot (see
-// replayd.Store.Window), through Handshake: it reads the payloads of up to
-// limit+1 events, never more, wherever the cursor is.
-func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit int) (replayd.Window, error) {
-	hs, err := s.Handshake(ctx, scope, max(cursor, 0), max(limit, 0))
+// Window reads a resuming client's window (see replayd.Store.Window) in
+// one REPEATABLE READ READ ONLY transaction (one round trip): the head, the
+// watermark, the sequences of the newest limit+1 events of the scope above
+// the cursor (one limited index scan per topic, no payload) and the count
+// above the cursor (two index probes per topic), wherever the cursor is.
+func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit int) (w replayd.Window, err error) {
+	if s.isClosed() {
+		return w, ErrClosed
+	}
+	topics, err := scopeTopics(scope)
 	if err != nil {
-		return replayd.Window{}, err
+		return w, err
 	}
-	w := replayd.Window{
-		Head:      hs.Head,
-		From:      hs.Head + 1,
-		Skipped:   replayd.Span{Count: hs.SkippedCount, First: hs.SkippedFirst, Last: hs.SkippedLast},
-		Watermark: hs.Watermark,
+	cursor, limit = max(cursor, 0), max(limit, 0)
+	newest, count, args := s.q.newestSeqGlobal, s.q.countGlobal, []any{}
+	if len(topics) > 0 {
+		newest, count, args = s.q.newestSeqTopics, s.q.countTopics, []any{topics}
 	}
-	if len(hs.Replay) > 0 {
-		w.From = hs.Replay[0].Sequence
+	b := &pgx.Batch{}
+	b.Queue(qBeginSnapshot)
+	b.Queue(s.q.head)
+	b.Queue(s.q.watermark, topics)
+	// One sequence more than the window: the newest skipped one.
+	b.Queue(newest, append(args, cursor, limit+1)...)
+	b.Queue(count, append(args, cursor)...)
+	b.Queue("COMMIT")
+	var (
+		seqs       []int64
+		total, fst int64
+	)
+	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(&w.Head); err != nil {
+			return err
+		}
+		if err := br.QueryRow().Scan(&w.Watermark); err != nil {
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		seqs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		return br.QueryRow().Scan(&total, &fst)
+	})
+	if err != nil {
+		return replayd.Window{}, fmt.Errorf("replaydpg: window: %w", err)
+	}
+	if cursor >= w.Head {
+		return replayd.Window{Head: w.Head}, nil
+	}
+	w.From = w.Head + 1
+	if n := min(len(seqs), limit); n > 0 {
+		w.From = seqs[n-1] // seqs are descending
+	}
+	if len(seqs) > limit {
+		w.Skipped = replayd.Span{Count: total - int64(limit), First: fst, Last: seqs[limit]}
 	}
 	return w, nil
 }

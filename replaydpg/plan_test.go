@@ -72,6 +72,8 @@ func TestQueryPlans(t *testing.T) {
 					{"oldest topics", s.q.oldestTopics, []any{topics, cursor, limit + 1}, len(topics) + 1},
 					{"count topics", s.q.countTopics, []any{topics, cursor}, len(topics) + 1},
 					{"newest global", s.q.newestGlobal, []any{cursor, limit + 1}, 1},
+					{"newest sequences topics", s.q.newestSeqTopics, []any{topics, cursor, limit + 1}, len(topics) + 1},
+					{"newest sequences global", s.q.newestSeqGlobal, []any{cursor, limit + 1}, 1},
 					{"oldest global", s.q.oldestGlobal, []any{cursor, limit + 1}, 1},
 					{"count global", s.q.countGlobal, []any{cursor}, 1},
 					{"read after", s.q.readAfter, []any{cursor, limit + 1}, 1},

@@ -152,6 +152,18 @@ const (
 		(SELECT ` + eventColumns + ` FROM %[1]sevents e
 			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.topic DESC, e.sequence DESC LIMIT $3)
 	) s ORDER BY s.sequence DESC LIMIT $3`
+	// The same, sequences only (Window reads no payload).
+	qNewestSeqGlobal = `SELECT e.sequence FROM %[1]sevents e
+		WHERE e.sequence > $1 ORDER BY e.sequence DESC LIMIT $2`
+	qNewestSeqTopics = `SELECT s.* FROM (
+		SELECT x.* FROM unnest($1::text[]) AS t(topic) CROSS JOIN LATERAL (
+			SELECT e.sequence FROM %[1]sevents e
+			WHERE (e.topic, e.sequence) > (t.topic, $2) AND (e.topic, e.sequence) <= (t.topic, 9223372036854775807)
+			ORDER BY e.topic DESC, e.sequence DESC LIMIT $3) x
+		UNION ALL
+		(SELECT e.sequence FROM %[1]sevents e
+			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.topic DESC, e.sequence DESC LIMIT $3)
+	) s ORDER BY s.sequence DESC LIMIT $3`
 	qOldestGlobal = `SELECT ` + eventColumns + ` FROM %[1]sevents e
 		WHERE e.sequence > $1 ORDER BY e.sequence LIMIT $2`
 	qOldestTopics = `SELECT s.* FROM (

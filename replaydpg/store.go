@@ -100,6 +100,7 @@ type Store struct {
 type queries struct {
 	lock, append, head, readAfter, watermark               string
 	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
+	newestSeqGlobal, newestSeqTopics                       string
 	countGlobal, countTopics, pruneEdges, pruneBatch       string
 }
 
@@ -140,6 +141,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			lock: render(qLock, p), append: render(qAppend, p),
 			head: render(qHead, p), readAfter: render(qReadAfter, p), watermark: render(qWatermark, p),
 			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
+			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
 			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
 			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
 			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
