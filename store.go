@@ -213,9 +213,11 @@ type WriteProber interface {
 // NewSQLiteStore returns the SQLite store over db (see [OpenDB]), creating
 // the schema if it is missing. It takes one connection of db's pool for its
 // appends and keeps it (a pool of one, as for ":memory:", is lent to it per
-// batch instead), so Close it when done; it never closes db. It implements
-// [Store], [SchemaEnsurer] and [WriteProber]; several stores, in one process
-// or several, may share one database file.
+// batch instead): close it when done, after any hub over it, through
+// io.Closer (s.(io.Closer).Close()); it never closes db. Writes after Close
+// fail; reads keep working while db is open. It implements [Store],
+// [SchemaEnsurer] and [WriteProber]; several stores, in one process or
+// several, may share one database file. Behind New, the hub closes it.
 func NewSQLiteStore(db *sql.DB) (Store, error) {
 	s, err := openSQLiteStore(db)
 	if err != nil {

@@ -1,6 +1,7 @@
 package replayd_test
 
 import (
+	"io"
 	"testing"
 
 	"github.com/replayd/replayd"
@@ -24,7 +25,7 @@ func TestSQLiteStoreConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {
-				s.(interface{ Close() error }).Close()
+				s.(io.Closer).Close()
 				db.Close()
 			})
 			return s
