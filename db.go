@@ -1,6 +1,7 @@
 package replayd
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"runtime"
@@ -53,7 +54,10 @@ func OpenDB(dsn string) (*sql.DB, error) {
 	db.SetMaxIdleConns(conns)
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
-	if err := db.Ping(); err != nil {
+	// Opening a connection applies the pragmas, and journal_mode can meet
+	// another process's lock (a checkpoint, a WAL recovery) that SQLite
+	// answers with SQLITE_BUSY at once: retried like a busy transaction.
+	if err := retryBusy(context.Background(), db.Ping); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("replayd: open db %q: %w", dsn, err)
 	}
