@@ -57,7 +57,7 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	h.serveStream(w, r, topics, rawCursor)
+	h.startStream(w, r, topics, rawCursor)
 }
 
 // allowOrigin applies the origin policy of §4.2, setting the CORS response

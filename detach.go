@@ -1,0 +1,190 @@
+package replayd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// A detached stream (SSEOptions.DetachConnections) runs on the HTTP/1.1
+// connection taken over from net/http: the handler returns at once, so
+// net/http's serving goroutine, its background read and its buffers go,
+// and the stream lives on as the socket, the stream's own state and one
+// goroutine that runs serveStream unchanged. It writes through connWriter,
+// a ResponseWriter over the bare connection, so serveStream and the
+// stream's queue, deadline and kill logic are the same on both paths.
+
+// startStream serves an admitted stream request: on w, or, detached, on
+// w's connection from a goroutine of its own once w's handler returned.
+// HTTP/2, a ResponseWriter that cannot flush (serveStream refuses it) or
+// cannot hijack, and a closed hub are served on w.
+func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
+	if !h.opts.SSE.DetachConnections || r.ProtoMajor != 1 || !canFlush(w) {
+		h.serveStream(w, r, topics, rawCursor)
+		return
+	}
+	// Close waits for the goroutine below as for any stream.
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		h.serveStream(w, r, topics, rawCursor) // refuses: shutting down
+		return
+	}
+	h.wg.Add(1)
+	h.mu.Unlock()
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		h.wg.Done()
+		h.serveStream(w, r, topics, rawCursor)
+		return
+	}
+	// The bufio.ReadWriter is dropped: nothing more is read from the
+	// connection (the response ends with it), and its buffers go with the
+	// rest of net/http's per-connection state.
+	cw := newConnWriter(conn, w.Header())
+	// The request's context ends when this handler returns; the stream's
+	// ends with the stream. Its values are kept.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	r = r.WithContext(ctx)
+	if testHookDetached != nil {
+		testHookDetached()
+	}
+	go func() {
+		defer h.wg.Done()
+		defer cancel()
+		defer cw.close()
+		h.serveStream(cw, r, topics, rawCursor)
+	}()
+}
+
+// testHookDetached, if set, is called for each stream that detaches.
+var testHookDetached func()
+
+// connWriter is an http.ResponseWriter over a hijacked HTTP/1.1
+// connection. The response has no Content-Length and no chunked encoding:
+// it is delimited by the connection's end (Connection: close), which every
+// HTTP/1.x client and proxy reads (RFC 9112 §6.3), and which costs nothing
+// per write. Writes go to the socket at once; there is no buffer to flush.
+//
+// It is used by one goroutine, except SetWriteDeadline, which the stream's
+// kill calls from any goroutine (net.Conn allows that).
+type connWriter struct {
+	conn   net.Conn
+	raw    syscall.RawConn // for the departure check; nil: none
+	header http.Header     // until the head is written
+	status int
+	head   bool      // the status line and headers were written
+	idle   time.Time // when the last write ended
+}
+
+func newConnWriter(conn net.Conn, header http.Header) *connWriter {
+	cw := &connWriter{conn: conn, header: header, status: http.StatusOK}
+	nc := conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	if sc, ok := nc.(syscall.Conn); ok && departureCheck {
+		if raw, err := sc.SyscallConn(); err == nil {
+			cw.raw = raw
+		}
+	}
+	return cw
+}
+
+func (cw *connWriter) Header() http.Header {
+	if cw.header == nil {
+		cw.header = http.Header{} // written already: changes are lost, as with net/http
+	}
+	return cw.header
+}
+
+func (cw *connWriter) WriteHeader(code int) {
+	if !cw.head {
+		cw.status = code
+	}
+}
+
+// departureIdle is how long a connection must have been silent before a
+// write first checks whether the client left.
+const departureIdle = time.Second
+
+func (cw *connWriter) Write(b []byte) (int, error) {
+	if !cw.head {
+		return cw.writeHead(b)
+	}
+	// A client that left is seen by the write after the one its FIN
+	// answered; a stream that only gets heartbeats would be held a whole
+	// interval more. So a write after a silence first looks, without
+	// blocking, for the client's end of the connection.
+	if cw.raw != nil && time.Since(cw.idle) >= departureIdle && cw.clientGone() {
+		return 0, errClientGone
+	}
+	n, err := cw.conn.Write(b)
+	cw.idle = time.Now()
+	return n, err
+}
+
+var errClientGone = errors.New("replayd: the client closed the connection")
+
+// writeHead writes the status line, the headers and b in one write.
+func (cw *connWriter) writeHead(b []byte) (int, error) {
+	bp := bufPool.Get().(*[]byte)
+	buf := (*bp)[:0]
+	buf = append(buf, "HTTP/1.1 "...)
+	buf = strconv.AppendInt(buf, int64(cw.status), 10)
+	buf = append(buf, ' ')
+	buf = append(buf, http.StatusText(cw.status)...)
+	buf = append(buf, "\r\n"...)
+	cw.header.Del("Content-Length")
+	cw.header.Del("Transfer-Encoding")
+	cw.header.Set("Connection", "close")
+	if cw.header.Get("Date") == "" {
+		cw.header.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	}
+	hw := appendWriter{buf}
+	_ = cw.header.Write(&hw)
+	buf = append(hw.b, "\r\n"...)
+	n := len(buf)
+	buf = append(buf, b...)
+	cw.head, cw.header = true, nil
+	m, err := cw.conn.Write(buf)
+	cw.idle = time.Now()
+	if cap(buf) <= 64<<10 {
+		*bp = buf[:0]
+		bufPool.Put(bp)
+	}
+	return max(m-n, 0), err
+}
+
+type appendWriter struct{ b []byte }
+
+func (w *appendWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
+
+// FlushError writes the head if nothing was written yet; writes are not
+// buffered otherwise.
+func (cw *connWriter) FlushError() error {
+	if !cw.head {
+		_, err := cw.writeHead(nil)
+		return err
+	}
+	return nil
+}
+
+func (cw *connWriter) SetWriteDeadline(t time.Time) error { return cw.conn.SetWriteDeadline(t) }
+
+// close ends the response by closing the connection. A TLS connection is
+// closed under its TLS layer, without close_notify: that alert is a write
+// that can wait up to 5s on a client that stopped reading, and the stream
+// ends either way (an EventSource reconnects).
+func (cw *connWriter) close() {
+	if tc, ok := cw.conn.(*tls.Conn); ok {
+		_ = tc.NetConn().Close()
+		return
+	}
+	_ = cw.conn.Close()
+}
