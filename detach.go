@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -48,18 +49,39 @@ func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []
 	// rest of net/http's per-connection state.
 	cw := newConnWriter(conn, w.Header())
 	// The request's context ends when this handler returns; the stream's
-	// ends with the stream. Its values are kept.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	// ends with the stream. Its values are kept. So is the request, but
+	// for its headers: they were read at admission, and a browser's
+	// (cookies included) can weigh more than the rest of the stream.
+	ctx := newStreamCtx(r.Context())
+	cancel := ctx.cancel
+	r = &http.Request{
+		Method: r.Method, URL: r.URL, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
+		Host: r.Host, RemoteAddr: r.RemoteAddr, RequestURI: r.RequestURI, TLS: r.TLS,
+		Header: http.Header{}, Body: http.NoBody,
+	}
 	r = r.WithContext(ctx)
+	// The client's leaving cancels it, as net/http's background read does
+	// (Linux); elsewhere the stream sees it at its next write.
+	if cw.raw != nil {
+		if unwatch, ok := watchDeparture(cw.raw, cancel); ok {
+			cw.unwatch, cw.checkAtWrite = unwatch, false
+		}
+	}
 	if testHookDetached != nil {
 		testHookDetached()
 	}
-	go func() {
-		defer h.wg.Done()
-		defer cancel()
-		defer cw.close()
-		h.serveStream(cw, r, topics, rawCursor)
-	}()
+	go h.serveDetached(cw, r, topics, rawCursor, cancel)
+}
+
+// serveDetached runs a detached stream and closes its connection. An idle
+// stream's goroutine sits in serveStream's select, and the runtime keeps a
+// stack at least four times what it uses there: this frame is kept small
+// (no defer), so that the stack settles at 4 KiB instead of 8.
+func (h *EventHub) serveDetached(cw *connWriter, r *http.Request, topics []string, rawCursor string, cancel func()) {
+	h.serveStream(cw, r, topics, rawCursor)
+	cw.close()
+	cancel()
+	h.wg.Done()
 }
 
 // testHookDetached, if set, is called for each stream that detaches.
@@ -74,12 +96,14 @@ var testHookDetached func()
 // It is used by one goroutine, except SetWriteDeadline, which the stream's
 // kill calls from any goroutine (net.Conn allows that).
 type connWriter struct {
-	conn   net.Conn
-	raw    syscall.RawConn // for the departure check; nil: none
-	header http.Header     // until the head is written
-	status int
-	head   bool      // the status line and headers were written
-	idle   time.Time // when the last write ended
+	conn         net.Conn
+	raw          syscall.RawConn // the socket under conn; nil if unknown
+	checkAtWrite bool            // look for the client's end before a write after a silence
+	unwatch      func()          // ends the departure watch; nil: none
+	header       http.Header     // until the head is written
+	status       int
+	head         bool      // the status line and headers were written
+	idle         time.Time // when the last write ended
 }
 
 func newConnWriter(conn net.Conn, header http.Header) *connWriter {
@@ -88,9 +112,9 @@ func newConnWriter(conn net.Conn, header http.Header) *connWriter {
 	if tc, ok := conn.(*tls.Conn); ok {
 		nc = tc.NetConn()
 	}
-	if sc, ok := nc.(syscall.Conn); ok && departureCheck {
+	if sc, ok := nc.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
-			cw.raw = raw
+			cw.raw, cw.checkAtWrite = raw, departureCheck
 		}
 	}
 	return cw
@@ -121,7 +145,7 @@ func (cw *connWriter) Write(b []byte) (int, error) {
 	// answered; a stream that only gets heartbeats would be held a whole
 	// interval more. So a write after a silence first looks, without
 	// blocking, for the client's end of the connection.
-	if cw.raw != nil && time.Since(cw.idle) >= departureIdle && cw.clientGone() {
+	if cw.checkAtWrite && time.Since(cw.idle) >= departureIdle && cw.clientGone() {
 		return 0, errClientGone
 	}
 	n, err := cw.conn.Write(b)
@@ -182,9 +206,88 @@ func (cw *connWriter) SetWriteDeadline(t time.Time) error { return cw.conn.SetWr
 // that can wait up to 5s on a client that stopped reading, and the stream
 // ends either way (an EventSource reconnects).
 func (cw *connWriter) close() {
+	if cw.unwatch != nil {
+		cw.unwatch()
+	}
 	if tc, ok := cw.conn.(*tls.Conn); ok {
 		_ = tc.NetConn().Close()
 		return
 	}
 	_ = cw.conn.Close()
+}
+
+// streamCtx is a detached stream's context: the request's values, done
+// when the stream ends or its client leaves. It is lighter than
+// context.WithCancel under a stream held for hours: a context derived from
+// it (a log read's) registers through AfterFunc, and leaves nothing behind
+// once done, where a cancelCtx keeps the map it once needed.
+type streamCtx struct {
+	values context.Context // the request's context, for Value only
+
+	mu    sync.Mutex
+	done  chan struct{}
+	err   error
+	after []*func() // registered by AfterFunc; nil entries were stopped
+}
+
+func newStreamCtx(r context.Context) *streamCtx {
+	return &streamCtx{values: r, done: make(chan struct{})}
+}
+
+func (c *streamCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c *streamCtx) Done() <-chan struct{}       { return c.done }
+func (c *streamCtx) Value(key any) any           { return c.values.Value(key) }
+
+func (c *streamCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// cancel ends the context, once, and runs the functions registered.
+func (c *streamCtx) cancel() {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = context.Canceled
+	close(c.done)
+	after := c.after
+	c.after = nil
+	c.mu.Unlock()
+	for _, f := range after {
+		if f != nil {
+			go (*f)()
+		}
+	}
+}
+
+// AfterFunc is what the context package uses to tie a derived context to
+// this one (as context.AfterFunc does for its own): f runs on a goroutine
+// of its own once c is done, unless stop was called first.
+func (c *streamCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		go f()
+		return func() bool { return false }
+	}
+	p := &f
+	c.after = append(c.after, p)
+	c.mu.Unlock()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, q := range c.after {
+			if q == p {
+				c.after = append(c.after[:i], c.after[i+1:]...)
+				if len(c.after) == 0 {
+					c.after = nil
+				}
+				return true
+			}
+		}
+		return false
+	}
 }

@@ -116,55 +116,79 @@ func TestSSEDetachedFraming(t *testing.T) {
 	})
 }
 
-// A client that leaves is noticed at the next write at the latest: with
-// no write due, at the next heartbeat. The tracker, the connection gauge
-// and the subscription then let go. Over plain TCP and TLS.
+// A client that leaves is noticed: on Linux at once, by the departure
+// watcher, with no heartbeat or write due; elsewhere (and here with the
+// watcher off) at the next heartbeat, by the check before a write after a
+// silence. The tracker, the connection gauge and the subscription then let
+// go. Over plain TCP and TLS.
 func TestSSEDetachedClientLeaveNoticed(t *testing.T) {
-	for _, tlsOn := range []bool{false, true} {
-		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) {
-			withDetach(t, func(t *testing.T) {
-				db, _ := openTestDB(t)
-				// Longer than departureIdle, so each heartbeat first checks.
-				const beat = departureIdle + 200*time.Millisecond
-				h := newTestHub(t, db, Options{SSE: SSEOptions{HeartbeatInterval: beat}})
-				srv := httptest.NewUnstartedServer(h.Handler())
-				if tlsOn {
-					srv.StartTLS()
-				} else {
-					srv.Start()
+	for _, watch := range []bool{true, false} {
+		for _, tlsOn := range []bool{false, true} {
+			t.Run(fmt.Sprintf("watch=%v/tls=%v", watch, tlsOn), func(t *testing.T) {
+				if watch && runtime.GOOS != "linux" {
+					t.Skip("the departure watcher is Linux's")
 				}
-				t.Cleanup(srv.Close)
-				c := dialWith(t, srv.Client(), srv.URL+"?topic=a", nil)
-				c.hello()
-				if f := c.next(); f.Event != "heartbeat" {
-					t.Fatalf("want a heartbeat, got %+v", f)
+				if !watch {
+					defer func(old bool) { departureWatch = old }(departureWatch)
+					departureWatch = false
 				}
-				if h.Clients().ActiveClients("a") != 1 || h.metrics.conns(transportSSE).Load() != 1 {
-					t.Fatalf("tracker %d, gauge %d", h.Clients().ActiveClients("a"), h.metrics.conns(transportSSE).Load())
-				}
-				left := time.Now()
-				c.Close()
-				waitUntil(t, "the stream to end", func() bool {
-					h.mu.Lock()
-					defer h.mu.Unlock()
-					return len(h.streams) == 0
-				})
-				// Noticed at the next heartbeat (a write would succeed there
-				// and fail only at the one after: two intervals).
-				if d := time.Since(left); d > beat+beat/2 {
-					t.Errorf("noticed after %v", d)
-				}
-				if h.Clients().ActiveClients("a") != 0 || h.metrics.conns(transportSSE).Load() != 0 {
-					t.Fatalf("after leaving: tracker %d, gauge %d", h.Clients().ActiveClients("a"), h.metrics.conns(transportSSE).Load())
-				}
-				h.live.subsMu.Lock()
-				subs := len(h.live.byTopic["a"])
-				h.live.subsMu.Unlock()
-				if subs != 0 {
-					t.Fatalf("%d subscriptions left", subs)
-				}
+				withDetach(t, func(t *testing.T) { testDetachedLeave(t, watch, tlsOn) })
 			})
-		})
+		}
+	}
+}
+
+func testDetachedLeave(t *testing.T, watch, tlsOn bool) {
+	db, _ := openTestDB(t)
+	// Longer than departureIdle, so each heartbeat first checks; none at
+	// all with the watcher.
+	beat := departureIdle + 200*time.Millisecond
+	if watch {
+		beat = -1
+	}
+	h := newTestHub(t, db, Options{SSE: SSEOptions{HeartbeatInterval: beat}})
+	srv := httptest.NewUnstartedServer(h.Handler())
+	if tlsOn {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	c := dialWith(t, srv.Client(), srv.URL+"?topic=a", nil)
+	c.hello()
+	if !watch {
+		if f := c.next(); f.Event != "heartbeat" {
+			t.Fatalf("want a heartbeat, got %+v", f)
+		}
+	}
+	if h.Clients().ActiveClients("a") != 1 || h.metrics.conns(transportSSE).Load() != 1 {
+		t.Fatalf("tracker %d, gauge %d", h.Clients().ActiveClients("a"), h.metrics.conns(transportSSE).Load())
+	}
+	left := time.Now()
+	c.Close()
+	waitUntil(t, "the stream to end", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.streams) == 0
+	})
+	d := time.Since(left)
+	t.Logf("noticed after %v", d)
+	switch {
+	case watch && d > time.Second:
+		t.Errorf("the watcher noticed after %v", d)
+	case !watch && d > beat+beat/2:
+		// Without the check a write would succeed at the next heartbeat
+		// and fail only at the one after: two intervals.
+		t.Errorf("noticed after %v", d)
+	}
+	if h.Clients().ActiveClients("a") != 0 || h.metrics.conns(transportSSE).Load() != 0 {
+		t.Fatalf("after leaving: tracker %d, gauge %d", h.Clients().ActiveClients("a"), h.metrics.conns(transportSSE).Load())
+	}
+	h.live.subsMu.Lock()
+	subs := len(h.live.byTopic["a"])
+	h.live.subsMu.Unlock()
+	if subs != 0 {
+		t.Fatalf("%d subscriptions left", subs)
 	}
 }
 

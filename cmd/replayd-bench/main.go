@@ -60,6 +60,7 @@ type config struct {
 	TailInterval  time.Duration // StartTail interval
 	IdleCPUDur    time.Duration // idle CPU window
 	PhaseDeadline time.Duration // hard deadline of each measurement
+	C100k         c100kConfig   // the c100k phase
 }
 
 var sizes = map[string]config{
@@ -72,6 +73,7 @@ var sizes = map[string]config{
 		TailClients: 10, TailRate: 50, TailDur: 4 * time.Second, TailInterval: 10 * time.Millisecond,
 		IdleCPUDur:    5 * time.Second,
 		PhaseDeadline: 60 * time.Second,
+		C100k:         c100kConfig{Conns: 100_000, Heartbeat: 15 * time.Second, CPUWindow: 30 * time.Second, Broadcasts: 7, Deadline: 4 * time.Minute},
 	},
 	"quick": {
 		PublishDur: 500 * time.Millisecond, Publishers: []int{1, 8, 64},
@@ -82,6 +84,7 @@ var sizes = map[string]config{
 		TailClients: 5, TailRate: 50, TailDur: time.Second, TailInterval: 10 * time.Millisecond,
 		IdleCPUDur:    time.Second,
 		PhaseDeadline: 30 * time.Second,
+		C100k:         c100kConfig{Conns: 10_000, Heartbeat: 15 * time.Second, CPUWindow: 15 * time.Second, Broadcasts: 5, Deadline: 2 * time.Minute},
 	},
 	// tiny proves the harness works (main_test.go); its figures mean little.
 	"tiny": {
@@ -93,10 +96,11 @@ var sizes = map[string]config{
 		TailClients: 2, TailRate: 50, TailDur: 200 * time.Millisecond, TailInterval: 10 * time.Millisecond,
 		IdleCPUDur:    100 * time.Millisecond,
 		PhaseDeadline: 15 * time.Second,
+		C100k:         c100kConfig{Conns: 20, Heartbeat: 100 * time.Millisecond, CPUWindow: 300 * time.Millisecond, Broadcasts: 2, Deadline: 20 * time.Second},
 	},
 }
 
-var allPhases = []string{"publish", "fanout", "latency", "idle", "storm", "tail"}
+var allPhases = []string{"publish", "fanout", "latency", "idle", "storm", "tail", "c100k"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("replayd-bench", flag.ContinueOnError)
@@ -105,6 +109,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	size := fs.String("size", "full", "sizes: full, quick or tiny")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated")
 	verbose := fs.Bool("v", false, "log progress to stderr")
+	conns := fs.Int("conns", 0, "connections in the c100k phase (default: the size's)")
+	modes := fs.String("c100k-modes", "raw,hub,detach", "servers measured by the c100k phase, in order")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -115,6 +121,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return fmt.Errorf("unknown size %q", *size)
 	}
+	if *conns > 0 {
+		cfg.C100k.Conns = *conns
+	}
+	cfg.C100k.Modes = strings.Split(*modes, ",")
 	raiseFileLimit()
 	dir, err := os.MkdirTemp("", "replayd-bench-")
 	if err != nil {
@@ -166,6 +176,8 @@ func (b *bench) phase(ctx context.Context, name string) error {
 		return b.stormPhase(ctx)
 	case "tail":
 		return b.tailPhase(ctx)
+	case "c100k":
+		return b.c100kPhase(ctx)
 	}
 	return nil
 }
