@@ -75,7 +75,7 @@ func (b *bench) c100kPhase(ctx context.Context) error {
 	}
 	connectOK := func(r c100kResult) bool { return r.err == nil && r.connect <= 60*time.Second }
 	b.add(row{Figure: title("connect + hello, all"), Replayd: "hub: " + det.str(func(r c100kResult) string { return r.connect.Round(time.Millisecond).String() }, hub, "detach"),
-		Raw: "raw: " + raw.str(func(r c100kResult) string { return r.connect.Round(time.Millisecond).String() }, c100kResult{}, ""),
+		Raw:    "raw: " + raw.str(func(r c100kResult) string { return r.connect.Round(time.Millisecond).String() }, c100kResult{}, ""),
 		Target: "≤ 60 s at 100,000", Status: status(connectOK(det) && n >= 100_000)})
 	perConn := func(r c100kResult) string {
 		return fmt.Sprintf("%.1f KiB (%.1f before GC; Go heap %.1f + stacks %.1f; %.2f goroutines/conn)", r.perConnGC/1024, r.perConn/1024, r.heap/1024, r.stack/1024, r.goroutines)
