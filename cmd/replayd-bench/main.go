@@ -27,6 +27,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -110,6 +111,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	phases := fs.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	conns := fs.Int("conns", 0, "connections in the c100k phase (default: the size's)")
+	fanout := fs.String("fanout-clients", "", "client counts of the fan-out phase, comma-separated (default: the size's)")
 	modes := fs.String("c100k-modes", "raw,hub,detach", "servers measured by the c100k phase, in order")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -125,6 +127,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		cfg.C100k.Conns = *conns
 	}
 	cfg.C100k.Modes = strings.Split(*modes, ",")
+	if *fanout != "" {
+		cfg.FanoutClients = nil
+		for _, f := range strings.Split(*fanout, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bad -fanout-clients %q", *fanout)
+			}
+			cfg.FanoutClients = append(cfg.FanoutClients, n)
+		}
+	}
 	raiseFileLimit()
 	dir, err := os.MkdirTemp("", "replayd-bench-")
 	if err != nil {
