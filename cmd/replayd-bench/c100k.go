@@ -78,7 +78,8 @@ func (b *bench) c100kPhase(ctx context.Context) error {
 		Raw:    "raw: " + raw.str(func(r c100kResult) string { return r.connect.Round(time.Millisecond).String() }, c100kResult{}, ""),
 		Target: "≤ 60 s at 100,000", Status: statusAt(connectOK(det), n)})
 	perConn := func(r c100kResult) string {
-		return fmt.Sprintf("%.1f KiB (%.1f before GC; Go heap %.1f + stacks %.1f; %.2f goroutines/conn)", r.perConnGC/1024, r.perConn/1024, r.heap/1024, r.stack/1024, r.goroutines)
+		return fmt.Sprintf("%.1f KiB (%.1f before GC; Go heap %.1f + stacks %.1f; %.2f goroutines/conn); after heartbeats and broadcasts %.1f KiB (stacks %.1f)",
+			r.perConnGC/1024, r.perConn/1024, r.heap/1024, r.stack/1024, r.goroutines, r.perConnAfter/1024, r.stackAfter/1024)
 	}
 	mem := row{Figure: title("server RSS per idle connection, after GC"),
 		Replayd: det.str(perConn, hub, "detach"), Raw: "raw net/http: " + raw.str(perConn, c100kResult{}, ""),
@@ -137,21 +138,24 @@ func (r c100kResult) str(f func(c100kResult) string, other c100kResult, label st
 }
 
 type c100kResult struct {
-	ran        bool
-	connect    time.Duration
-	perConn    float64 // RSS bytes per connection
-	perConnGC  float64 // same, after GC + FreeOSMemory
-	heap       float64 // Go heap in use per connection
-	stack      float64 // goroutine stacks per connection
-	goroutines float64 // per connection
-	hbCPU      float64 // server CPU over the window, fraction of a core
-	hbMicros   float64 // µs of server CPU per heartbeat sent
-	broadcasts int
-	lastP50    uint64 // µs from publish to the last client's receipt
-	lastP99    uint64
-	allP50     uint64 // µs, every delivery of every broadcast
-	allP99     uint64
-	err        error
+	ran       bool
+	connect   time.Duration
+	perConn   float64 // RSS bytes per connection
+	perConnGC float64 // same, after GC + FreeOSMemory
+	heap      float64 // Go heap in use per connection
+	stack     float64 // goroutine stacks per connection
+	// perConnAfter and stackAfter are perConnGC and stack again after the
+	// heartbeat window and the broadcasts.
+	perConnAfter, stackAfter float64
+	goroutines               float64 // per connection
+	hbCPU                    float64 // server CPU over the window, fraction of a core
+	hbMicros                 float64 // µs of server CPU per heartbeat sent
+	broadcasts               int
+	lastP50                  uint64 // µs from publish to the last client's receipt
+	lastP99                  uint64
+	allP50                   uint64 // µs, every delivery of every broadcast
+	allP99                   uint64
+	err                      error
 }
 
 func (b *bench) c100kOnce(ctx context.Context, mode string, n int) (c100kResult, error) {
@@ -261,6 +265,15 @@ func (b *bench) c100kOnce(ctx context.Context, mode string, n int) (c100kResult,
 			return out, err
 		}
 	}
+	// Memory again, now that every stream has written heartbeats and
+	// broadcasts: a goroutine that needed a deeper stack for a write keeps
+	// it.
+	s2gc, err := srv.statsGC(ctx, settleGCs)
+	if err != nil {
+		return out, err
+	}
+	out.perConnAfter = float64(s2gc.RSSKiB-s0gc.RSSKiB) * 1024 / float64(n)
+	out.stackAfter = float64(s2gc.StackInuse-s0gc.StackInuse) / float64(n)
 	out.lastP50, out.lastP99 = last.quantile(0.5), last.quantile(0.99)
 	out.allP50, out.allP99 = all.quantile(0.5), all.quantile(0.99)
 	if dead := f.ended.Load(); dead > 0 {
