@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -74,11 +76,22 @@ func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []
 }
 
 // serveDetached runs a detached stream and closes its connection. An idle
-// stream's goroutine sits in serveStream's select, and the runtime keeps a
-// stack at least four times what it uses there: this frame is kept small
-// (no defer), so that the stack settles at 4 KiB instead of 8.
+// stream's goroutine sits in the live loop's select: its frame, like
+// serveStream's, stays on the stack (see liveLoop).
 func (h *EventHub) serveDetached(cw *connWriter, r *http.Request, topics []string, rawCursor string, cancel func()) {
+	defer h.endDetached(cw, r, cancel)
 	h.serveStream(cw, r, topics, rawCursor)
+}
+
+// endDetached closes a detached stream's connection. A panic (a
+// HeartbeatData function's, say) ends only this stream, logged, as
+// net/http does for a handler's.
+func (h *EventHub) endDetached(cw *connWriter, r *http.Request, cancel func()) {
+	if p := recover(); p != nil {
+		buf := make([]byte, 64<<10)
+		buf = buf[:runtime.Stack(buf, false)]
+		h.logger.Error("replayd: panic serving a detached stream", "remote", r.RemoteAddr, "panic", fmt.Sprint(p), "stack", string(buf))
+	}
 	cw.close()
 	cancel()
 	h.wg.Done()

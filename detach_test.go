@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -344,4 +345,49 @@ func dialWith(t testing.TB, client *http.Client, url string, header http.Header)
 		<-done
 	})
 	return c
+}
+
+// A panic on a detached stream's goroutine (here a HeartbeatData function's)
+// ends that stream, logged, and not the process, as net/http does for a
+// handler; the hub goes on serving.
+func TestSSEDetachedPanicEndsOnlyTheStream(t *testing.T) {
+	withDetach(t, func(t *testing.T) {
+		db, _ := openTestDB(t)
+		logs := &logRecorder{}
+		var panics atomic.Bool
+		h := newTestHub(t, db, Options{Logger: slog.New(logs), SSE: SSEOptions{
+			HeartbeatInterval: 20 * time.Millisecond,
+			HeartbeatData: func(string) any {
+				if panics.Load() {
+					panic("heartbeat data")
+				}
+				return nil
+			},
+		}})
+		srv := serve(t, h)
+		panics.Store(true)
+		c := dial(t, srv.URL+"?topic=a", nil)
+		c.hello()
+		for {
+			f, err := c.nextErr(waitFor)
+			if err != nil {
+				if err == errTimeout {
+					t.Fatal("stream not ended by the panic")
+				}
+				break
+			}
+			if f.Event != "heartbeat" {
+				t.Fatalf("frame %+v", f)
+			}
+		}
+		waitUntil(t, "the panic logged", func() bool { return logs.has(slog.LevelError, "panic serving a detached stream", "panic", "heartbeat data") })
+		panics.Store(false)
+		c2 := dial(t, srv.URL+"?topic=a", nil)
+		c2.hello()
+		ev := mustPublish(t, h, "a", 1)
+		if f := c2.nextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) {
+			t.Fatalf("after the panic: %+v", f)
+		}
+		waitUntil(t, "the panicked stream released", func() bool { return h.Clients().ActiveClients("a") == 1 })
+	})
 }
