@@ -380,7 +380,9 @@ func TestSSEDetachedPanicEndsOnlyTheStream(t *testing.T) {
 				t.Fatalf("frame %+v", f)
 			}
 		}
-		waitUntil(t, "the panic logged", func() bool { return logs.has(slog.LevelError, "panic serving a detached stream", "panic", "heartbeat data") })
+		waitUntil(t, "the panic logged", func() bool {
+			return logs.has(slog.LevelError, "panic serving a detached stream", "panic", "heartbeat data")
+		})
 		panics.Store(false)
 		c2 := dial(t, srv.URL+"?topic=a", nil)
 		c2.hello()
