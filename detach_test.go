@@ -66,6 +66,8 @@ func TestSSEDetached(t *testing.T) {
 		{"RetryInHelloBlock", TestSSERetryInHelloBlock},
 		{"LargestFrameFitsDefaultCap", TestSSELargestFrameFitsDefaultCap},
 		{"SlowConsumerCutIsLogged", TestSSESlowConsumerCutIsLogged},
+		{"StatsAndTracker", TestStatsAndTracker},
+		{"Load", TestLoad}, // skipped with -short, as on today's path
 	} {
 		t.Run(tc.name, func(t *testing.T) { withDetach(t, tc.fn) })
 	}
