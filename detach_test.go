@@ -395,3 +395,35 @@ func TestSSEDetachedPanicEndsOnlyTheStream(t *testing.T) {
 		waitUntil(t, "the panicked stream released", func() bool { return h.Clients().ActiveClients("a") == 1 })
 	})
 }
+
+// flushOnly is a middleware's ResponseWriter that can flush but neither
+// hijack nor unwrap.
+type flushOnly struct{ w http.ResponseWriter }
+
+func (f flushOnly) Header() http.Header         { return f.w.Header() }
+func (f flushOnly) Write(b []byte) (int, error) { return f.w.Write(b) }
+func (f flushOnly) WriteHeader(code int)        { f.w.WriteHeader(code) }
+func (f flushOnly) Flush()                      { f.w.(http.Flusher).Flush() }
+
+// A ResponseWriter that cannot hijack falls back to today's path: the
+// stream works, chunked, and nothing detaches.
+func TestSSEDetachedFallsBackWithoutHijacker(t *testing.T) {
+	var detached atomic.Int64
+	testDetach, testHookDetached = true, func() { detached.Add(1) }
+	defer func() { testDetach, testHookDetached = false, nil }()
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.Handler().ServeHTTP(flushOnly{w}, r)
+	}))
+	t.Cleanup(srv.Close)
+	c := dial(t, srv.URL+"?topic=a", nil)
+	c.hello()
+	ev := mustPublish(t, h, "a", 1)
+	if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) {
+		t.Fatalf("live %+v", f)
+	}
+	if detached.Load() != 0 || c.resp.Close || len(c.resp.TransferEncoding) == 0 {
+		t.Fatalf("detached %d, close=%v, transfer encoding %v", detached.Load(), c.resp.Close, c.resp.TransferEncoding)
+	}
+}
