@@ -3,6 +3,7 @@ package replayd
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -12,8 +13,17 @@ import (
 // them again for every commit cost about a third of a one-row publish. Only
 // the writer goroutine uses it, under the hub's writeMu.
 type logWriter struct {
-	conn                                                    *sql.Conn
-	begin, commit, rollback, lastCreatedAt, insert, byEvent *sql.Stmt
+	conn                                     *sql.Conn
+	begin, commit, rollback, insert, byEvent *sql.Stmt
+	lastRow, lastTopicOrd, lastBroadcastOrd  *sql.Stmt
+
+	// tords caches, by topic ("" = broadcasts), the topic ordinal of the
+	// topic's newest row, valid while the log's newest row is still newest,
+	// the one this writer wrote last: no other process has appended since.
+	// Retention only deletes a prefix, which leaves the numbering of the
+	// retained rows without holes whatever it deletes.
+	tords  map[string]int64
+	newest int64 // -1: tords is not valid
 }
 
 func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
@@ -21,7 +31,7 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &logWriter{conn: conn}
+	w := &logWriter{conn: conn, newest: -1}
 	for _, p := range []struct {
 		stmt  **sql.Stmt
 		query string
@@ -29,7 +39,9 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 		{&w.begin, "BEGIN IMMEDIATE"},
 		{&w.commit, "COMMIT"},
 		{&w.rollback, "ROLLBACK"},
-		{&w.lastCreatedAt, qLastCreatedAt},
+		{&w.lastRow, qLastRow},
+		{&w.lastTopicOrd, qLastTopicOrdinal},
+		{&w.lastBroadcastOrd, qLastBroadcastOrd},
 		{&w.insert, qInsert},
 		{&w.byEvent, qByEventID},
 	} {
@@ -44,7 +56,7 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 // close releases the statements and gives the connection back to the pool,
 // or makes the pool drop it if it may be stuck inside a transaction.
 func (w *logWriter) close(broken bool) {
-	for _, s := range []*sql.Stmt{w.begin, w.commit, w.rollback, w.lastCreatedAt, w.insert, w.byEvent} {
+	for _, s := range []*sql.Stmt{w.begin, w.commit, w.rollback, w.lastRow, w.lastTopicOrd, w.lastBroadcastOrd, w.insert, w.byEvent} {
 		if s != nil {
 			s.Close()
 		}
@@ -63,12 +75,8 @@ func (w *logWriter) close(broken bool) {
 //
 // The caller holds the hub's writeMu.
 func (l *EventLog) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
-	if l.writer == nil {
-		w, err := openLogWriter(ctx, l.db)
-		if err != nil {
-			return err
-		}
-		l.writer = w
+	if err := l.reserveWriter(ctx); err != nil {
+		return err
 	}
 	broken, err := l.writer.append(ctx, evs, dup)
 	// A pool of one connection (":memory:") cannot lend it to the writer
@@ -77,6 +85,23 @@ func (l *EventLog) appendBatch(ctx context.Context, evs []Event, dup []bool) err
 		l.releaseWriter(broken)
 	}
 	return err
+}
+
+// reserveWriter takes the writer's connection from the pool unless it
+// holds it already. New calls it, so that a publish never queues for a
+// connection behind readers; appendBatch calls it again after a broken
+// connection was dropped, or on a pool of one, which the writer cannot keep.
+// The caller holds the hub's writeMu.
+func (l *EventLog) reserveWriter(ctx context.Context) error {
+	if l.writer != nil {
+		return nil
+	}
+	w, err := openLogWriter(ctx, l.db)
+	if err != nil {
+		return err
+	}
+	l.writer = w
+	return nil
 }
 
 // close releases what the log holds open for appends. The caller holds the
@@ -105,19 +130,50 @@ func (w *logWriter) append(ctx context.Context, evs []Event, dup []bool) (broken
 			return false, nil
 		}
 	}
+	w.newest = -1 // the cache may hold rows rolled back
 	_, rerr := w.rollback.ExecContext(context.Background())
 	return rerr != nil, err
 }
 
+// insertRows numbers the rows it inserts (see span): ordinal follows the
+// newest row's, topic_ordinal the newest row's of the same topic. While the
+// newest row has no ordinal (an earlier version's rows not yet numbered by
+// backfillOrdinals), it leaves its rows unnumbered too, so that unnumbered
+// rows stay a suffix of the log.
 func (w *logWriter) insertRows(ctx context.Context, evs []Event, dup []bool) error {
-	var last int64
-	if err := w.lastCreatedAt.QueryRowContext(ctx).Scan(&last); err != nil {
+	var (
+		newest, last int64
+		lastOrd      sql.NullInt64
+	)
+	err := w.lastRow.QueryRowContext(ctx).Scan(&newest, &last, &lastOrd)
+	empty := errors.Is(err, sql.ErrNoRows)
+	if err != nil && !empty {
 		return err
 	}
+	numbered := empty || lastOrd.Valid
+	if !numbered || newest != w.newest || len(w.tords) > maxCachedTopics {
+		clear(w.tords)
+	}
+	if w.tords == nil {
+		w.tords = make(map[string]int64)
+	}
+	w.newest = newest
+	tords := w.tords
+	ord := lastOrd.Int64
 	now := max(time.Now().UnixMilli(), last)
 	for i := range evs {
 		ev := &evs[i]
-		res, err := w.insert.ExecContext(ctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), now)
+		var ordArg, tordArg any
+		if numbered {
+			tord, ok := tords[ev.Topic]
+			if !ok {
+				if tord, err = w.lastTopicOrdinal(ctx, ev.Topic); err != nil {
+					return err
+				}
+			}
+			ordArg, tordArg = ord+1, tord+1
+		}
+		res, err := w.insert.ExecContext(ctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), now, ordArg, tordArg)
 		if err != nil {
 			return err
 		}
@@ -134,7 +190,30 @@ func (w *logWriter) insertRows(ctx context.Context, evs []Event, dup []bool) err
 		if ev.Sequence, err = res.LastInsertId(); err != nil {
 			return err
 		}
+		if numbered {
+			ord, tords[ev.Topic] = ordArg.(int64), tordArg.(int64)
+			w.newest = ev.Sequence
+		}
 		ev.CreatedAt = time.UnixMilli(now)
 	}
 	return nil
+}
+
+// maxCachedTopics bounds logWriter.tords; past it the cache starts again.
+const maxCachedTopics = 4096
+
+// lastTopicOrdinal returns the topic ordinal of topic's newest row, 0 if
+// it has none.
+func (w *logWriter) lastTopicOrdinal(ctx context.Context, topic string) (int64, error) {
+	var o sql.NullInt64
+	var err error
+	if topic == "" {
+		err = w.lastBroadcastOrd.QueryRowContext(ctx).Scan(&o)
+	} else {
+		err = w.lastTopicOrd.QueryRowContext(ctx, topic).Scan(&o)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return o.Int64, err
 }

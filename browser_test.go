@@ -501,6 +501,7 @@ func TestBrowser(t *testing.T) {
 	t.Run("CrossOrigin", func(t *testing.T) { browserTestCrossOrigin(t, browser) })
 	t.Run("Gap", func(t *testing.T) { browserTestGap(t, browser) })
 	t.Run("MultiLinePayload", func(t *testing.T) { browserTestMultiLine(t, browser) })
+	t.Run("OverloadReconnect", func(t *testing.T) { browserTestOverload(t, browser) })
 }
 
 // TestBrowserDetached runs the browser scenarios with DetachConnections on.
@@ -808,4 +809,80 @@ func browserTestMultiLine(t *testing.T, browser context.Context) {
 			t.Fatalf("payload %d: e.data %q, want %q", i, r.Data, payloads[i])
 		}
 	}
+}
+
+// Overload: the page's stream drops while another client holds the only
+// connection slot, so its reconnects get the overload answer (200 with
+// only a retry). Events are published while it is refused. Once the slot
+// is free, the EventSource, reconnecting by itself, resumes from its
+// cursor with every event it missed, in order, and no gap.
+func browserTestOverload(t *testing.T, browser context.Context) {
+	db, _ := openTestDB(t)
+	opts := browserOptions()
+	opts.SSE.MaxConnections = 1
+	opts.SSE.OverloadRetry = 100 * time.Millisecond
+	h := newTestHub(t, db, opts)
+	gate := newBrowserGate(h.Handler())
+	srv := browserListen(t, "127.0.0.1:0", browserMux(gate))
+
+	tab := browserTab(t, browser)
+	browserNavigate(t, tab, srv.url()+"/page", "/events?topic=room")
+	browserWaitHellos(t, tab, 1)
+	want := []Event{mustPublish(t, h, "room", map[string]int{"n": 1})}
+	browserWaitEvents(t, tab, len(want))
+
+	// Another client takes the only slot while the page is away.
+	gate.hold()
+	gate.dropAll()
+	browserWaitNoClients(t, h)
+	occupier := dial(t, serve(t, h).URL+"?topic=room", nil)
+	if f, _, _, _ := occupier.hello(); f.Retry == "" {
+		t.Fatalf("hello %+v, want the retry in its block", f)
+	}
+	want = append(want, mustPublish(t, h, "room", map[string]int{"n": 2}))
+	gate.release()
+
+	// The page is refused, at least twice, and keeps trying.
+	deadline := time.Now().Add(browserWait)
+	for h.metrics.refusedOverload.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the page was not refused twice: %+v", gate.requests())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	want = append(want,
+		mustPublish(t, h, "", map[string]string{"broadcast": "while refused"}),
+		mustPublish(t, h, "room", map[string]int{"n": 3}),
+	)
+	mustPublish(t, h, "other", map[string]int{"n": 99}) // invisible to the page
+	if got := len(browserState(t, tab).events()); got != 1 {
+		t.Fatalf("the refused page received events: %s", browserDump(browserState(t, tab)))
+	}
+
+	// The slot frees: the page is served and resumes with nothing lost.
+	occupier.Close()
+	browserWaitEvents(t, tab, len(want))
+	want = append(want, mustPublish(t, h, "room", map[string]int{"n": 4})) // live
+	st := browserWaitEvents(t, tab, len(want))
+	browserAssertEvents(t, st, want)
+	if len(st.ofType("gap")) != 0 {
+		t.Fatalf("unexpected gap: %s", browserDump(st))
+	}
+	refusedWithCursor := 0
+	for _, r := range gate.requests() {
+		if r.Method == http.MethodGet && r.LastEventID == strconv.FormatInt(want[0].Sequence, 10) {
+			refusedWithCursor++
+		}
+	}
+	// The resume, and before it every refused reconnect, carried the cursor.
+	if refusedWithCursor < 3 {
+		t.Fatalf("%d reconnects carried Last-Event-ID %d, want the refused ones and the resume: %+v",
+			refusedWithCursor, want[0].Sequence, gate.requests())
+	}
+	if hellos := st.ofType("hello"); len(hellos) != 2 {
+		t.Fatalf("want 2 hello frames (first connect, resume), got %s", browserDump(st))
+	} else if cursor, _ := browserHello(t, hellos[1]); cursor != want[0].Sequence {
+		t.Fatalf("resume hello cursor %d, want %d", cursor, want[0].Sequence)
+	}
+	t.Logf("refused %d times; %d opens, %d errors", h.metrics.refusedOverload.Load(), st.Opens, st.Errors)
 }

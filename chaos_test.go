@@ -87,11 +87,19 @@ type chaosEnv struct {
 	finishDeadline chan struct{} // closed when clients must give up on the fence
 	fence          atomic.Int64
 
+	// Admission on hub A: Authorize refuses every scope that names a topic
+	// of denied ("" stands for the global scope), and MaxConnections is
+	// small enough to refuse some requests with the overload answer.
+	denied        map[string]bool
+	overloadRetry time.Duration
+
 	connSeq atomic.Int64
+	polls   chaosPollState // chaos_poll_test.go
 	stats   struct {
 		publishes, retries, retriesSame, retriesNew, publishB atomic.Int64
 		pruneCalls, pruned, restarts, resyncs                 atomic.Int64
 		badStatus, dropped                                    atomic.Int64
+		forbidden, overloaded, servedAfterOverload            atomic.Int64
 	}
 }
 
@@ -125,27 +133,57 @@ func TestChaos(t *testing.T) {
 	t.Cleanup(func() { dbB.Close() })
 	e.dbB = dbB
 
-	e.optsA = Options{SSE: SSEOptions{
-		ReplayLimit:       []int{10, 40, 100}[rng.IntN(3)],
-		HeartbeatInterval: 250 * time.Millisecond,
-		Retry:             time.Second,
-		MaxBufferedBytes:  48 << 10, // slow readers get disconnected here
-	}}
+	e.denied = map[string]bool{"": rng.IntN(4) == 0} // "": the global scope
+	for _, i := range rng.Perm(len(chaosTopics))[:1+rng.IntN(2)] {
+		e.denied[chaosTopics[i]] = true
+	}
+	e.overloadRetry = 50 * time.Millisecond
+	e.optsA = Options{
+		SSE: SSEOptions{
+			ReplayLimit:       []int{10, 40, 100}[rng.IntN(3)],
+			HeartbeatInterval: 250 * time.Millisecond,
+			Retry:             time.Second,
+			MaxBufferedBytes:  48 << 10, // slow readers get disconnected here
+			// About 60% of 28 clients use hub A: a cap of 12 to 17 bites
+			// now and then, and more while the clients wait for the fence.
+			MaxConnections: 12 + rng.IntN(6),
+			OverloadRetry:  e.overloadRetry,
+		},
+		Authorize: func(r *http.Request, topics []string) error {
+			if len(topics) == 0 && e.denied[""] {
+				return errors.New("chaos: the global scope is denied")
+			}
+			for _, topic := range topics {
+				if e.denied[topic] {
+					return fmt.Errorf("chaos: topic %q is denied", topic)
+				}
+			}
+			return nil
+		},
+	}
 	e.optsB = Options{SSE: SSEOptions{
 		ReplayLimit:       []int{-1, 25, 300}[rng.IntN(3)],
 		HeartbeatInterval: 100 * time.Millisecond,
 		MaxBufferedBytes:  256 << 10,
 	}}
 	e.limitA, e.limitB = max(e.optsA.SSE.ReplayLimit, 0), max(e.optsB.SSE.ReplayLimit, 0)
-	t.Logf("duration %v; hub A replay limit %d, hub B replay limit %d", duration, e.limitA, e.limitB)
+	t.Logf("duration %v; hub A replay limit %d, max connections %d, denied scopes %v; hub B replay limit %d",
+		duration, e.limitA, e.optsA.SSE.MaxConnections, e.denied, e.limitB)
 
 	e.hubA = newTestHub(t, e.db, e.optsA)
 	subA := chaosSubscribe(e.hubA)
 	firstB, subB := e.newHubB(rng)
 	e.hubB.Store(firstB)
 
-	e.urlA = chaosServe(t, e.hubA.Handler())
+	muxA := http.NewServeMux()
+	muxA.Handle("/events", e.hubA.Handler())
+	muxA.Handle("/poll", e.hubA.PollHandler())
+	e.urlA = chaosServe(t, muxA)
 	e.urlB = chaosServe(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/poll" {
+			e.hubB.Load().PollHandler().ServeHTTP(w, r)
+			return
+		}
 		e.hubB.Load().Handler().ServeHTTP(w, r)
 	}))
 	transport := &http.Transport{
@@ -162,6 +200,22 @@ func TestChaos(t *testing.T) {
 	e.httpc = &http.Client{Transport: transport}
 
 	e.start = time.Now()
+	// The storm phase: storms of handshakes from cursor 0 while a large log
+	// is being published (nothing is pruned yet, so every storm has the
+	// whole log above its cursor to count and replay).
+	prefill := 5_000
+	if testing.Short() {
+		prefill = 1_500
+	}
+	stormStop := make(chan struct{})
+	stormed := make(chan []*chaosConn, 1)
+	go func() { stormed <- e.stormer(rand.New(rand.NewPCG(seed, 400)), stormStop) }()
+	e.prefill(prefill)
+	close(stormStop)
+	storms := <-stormed
+	t.Logf("storm phase: %d events published while %d connections stormed in from cursor 0, in %v",
+		prefill, len(storms), time.Since(e.start).Round(time.Millisecond))
+
 	var wg sync.WaitGroup // publishers, pruner, restarter
 	for p := range chaosPublishers {
 		wg.Add(1)
@@ -192,6 +246,7 @@ func TestChaos(t *testing.T) {
 			results[c] = e.client(c, rand.New(rand.NewPCG(seed, uint64(1000+c))))
 		}()
 	}
+	e.startPollClients(seed, &cwg)
 
 	phase := time.NewTimer(duration)
 	<-phase.C
@@ -210,6 +265,9 @@ func TestChaos(t *testing.T) {
 	chaosWaitSub(t, lastSubB, fence.Sequence)
 	chaosWaitSub(t, subA, fence.Sequence)
 	chaosPhaseEnd := time.Since(e.start)
+	// The storms' connections are checked like any other; they need not
+	// reach the fence.
+	results = append(results, chaosClientResult{conns: storms, reachedFence: true})
 
 	e.check(results, subA, lastSubB, chaosPhaseEnd)
 }
@@ -263,6 +321,65 @@ func (e *chaosEnv) publish(h *EventHub, topic string, payload any, opts ...Publi
 	}
 	e.ledger.add(e.t, ev)
 	return ev
+}
+
+// prefill publishes n events on hub A from many goroutines at once.
+func (e *chaosEnv) prefill(n int) {
+	const workers = 32
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				topic := ""
+				if i%7 != 0 {
+					topic = chaosTopics[i%len(chaosTopics)]
+				}
+				e.publish(e.hubA, topic, map[string]int{"prefill": i})
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// chaosStormSize is how many connections one handshake storm opens at once.
+const chaosStormSize = 24
+
+// stormer opens storms of connections resuming from cursor 0 (every event
+// of the log above it to count, replay or name in a gap) on either hub,
+// one after another with short pauses, until stop is closed and at least
+// two storms ran. It returns the connections for the checker. Each reads
+// for a short while and drops.
+func (e *chaosEnv) stormer(rng *rand.Rand, stop <-chan struct{}) []*chaosConn {
+	var conns []*chaosConn
+	for storm := 0; ; storm++ {
+		if storm >= 2 {
+			wait := time.NewTimer(time.Duration(10+rng.IntN(100)) * time.Millisecond)
+			select {
+			case <-stop:
+				wait.Stop()
+				return conns
+			case <-wait.C:
+			}
+		}
+		var wg sync.WaitGroup
+		for range chaosStormSize {
+			c := &chaosConn{id: int(e.connSeq.Add(1)), client: -1, hub: "A", mode: "stale", sent: "0", via: "header", behaviour: "storm"}
+			if rng.IntN(3) == 0 {
+				c.hub = "B"
+			}
+			c.topics = chaosScope(rng)
+			life := time.Duration(50+rng.IntN(400)) * time.Millisecond
+			conns = append(conns, c)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				e.run(c, "", life, 0, 0, 0)
+			}()
+		}
+		wg.Wait()
+	}
 }
 
 // publisher publishes until the chaos phase ends: random topics and
@@ -498,6 +615,7 @@ type chaosEntry struct {
 type chaosLedger struct {
 	mu      sync.Mutex
 	bySeq   map[int64]chaosEntry
+	polled  map[int64]uint64   // sequence → hash of type and data as a poll answer carries them
 	byID    map[string]int64   // event id → the newest sequence returned for it
 	renewed map[int64]struct{} // originals a retry replaced with a new row
 }
@@ -518,6 +636,10 @@ func (l *chaosLedger) add(t *testing.T, ev Event) {
 		t.Errorf("Publish returned two different events for sequence %d: %+v and %+v", ev.Sequence, old, en)
 	}
 	l.bySeq[ev.Sequence] = en
+	if l.polled == nil {
+		l.polled = map[int64]uint64{}
+	}
+	l.polled[ev.Sequence] = chaosPollHash(ev.Type, ev.Payload)
 	l.byID[ev.EventID] = max(l.byID[ev.EventID], ev.Sequence)
 }
 
@@ -561,13 +683,14 @@ func (tl *chaosTimeline) add(e *chaosEnv, what string) {
 // chaosConn is one SSE connection and every frame it received.
 type chaosConn struct {
 	id, client  int
-	hub         string // "A" or "B"
-	topic       string
-	mode        string // fresh, resume, stale, future, invalid
-	sent        string // the cursor sent, "" for none
-	via         string // "header" or "query"
+	hub         string   // "A" or "B"
+	topics      []string // the scope; none: global
+	mode        string   // fresh, resume, stale, future, invalid
+	sent        string   // the cursor sent, "" for none
+	via         string   // "header" or "query"
 	behaviour   string
 	status      int
+	overloaded  bool // refused by hub A's MaxConnections: only a retry, then the end
 	frames      []chaosFrame
 	heartbeats  int
 	end         string
@@ -610,9 +733,7 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 		if rng.IntN(5) < 2 {
 			c.hub = "B"
 		}
-		if rng.IntN(3) > 0 {
-			c.topic = chaosTopics[rng.IntN(len(chaosTopics))]
-		}
+		c.topics = chaosScope(rng)
 		switch r := rng.IntN(20); {
 		case finishing && lastID != "", r < 10 && lastID != "":
 			c.mode, c.sent = "resume", lastID
@@ -627,6 +748,11 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 		default:
 			c.mode = "invalid"
 			c.sent = []string{"abc", "-1", "1.5", "+3", "18446744073709551616", "9223372036854775808", "0x1f", "1e3", "٣"}[rng.IntN(9)]
+		}
+		if c.mode == "fresh" && !finishing && rng.IntN(3) == 0 {
+			if id := e.pollCursor(rng); id != "" { // one cursor for both transports
+				c.mode, c.sent = "poll", id
+			}
 		}
 		c.via = "header"
 		if rng.IntN(4) == 0 {
@@ -659,13 +785,31 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 		}
 		reached := e.run(c, lastID, life, closeAfter, pauseAfter, pause)
 		res.conns = append(res.conns, c)
-		// The next connection resumes from the last id this one received,
-		// as an EventSource would.
-		for _, f := range c.frames {
-			if f.kind == 'h' || f.kind == 'e' {
-				lastID = strconv.FormatInt(f.seq, 10)
+		for c.overloaded && !reached {
+			// Refused by the overload answer: an EventSource comes back
+			// after the retry it was told, with the same request (the
+			// answer carried no id).
+			if !e.overloadWait(c) {
+				return res
+			}
+			prev := c
+			c = &chaosConn{id: int(e.connSeq.Add(1)), client: idx, hub: prev.hub, topics: prev.topics,
+				mode: prev.mode, sent: prev.sent, via: prev.via, behaviour: prev.behaviour}
+			select {
+			case <-e.finish:
+				life, closeAfter, pauseAfter = 0, 0, 0
+			default:
+			}
+			reached = e.run(c, lastID, life, closeAfter, pauseAfter, pause)
+			res.conns = append(res.conns, c)
+			if !c.overloaded && c.status == http.StatusOK {
+				e.stats.servedAfterOverload.Add(1)
 			}
 		}
+		// The next connection resumes from the last id this one received,
+		// as an EventSource would.
+		lastID = chaosLastID(c, lastID)
+		e.polls.sseLast[idx].Store(lastID)
 		if reached {
 			res.reachedFence = true
 			return res
@@ -683,18 +827,52 @@ func (e *chaosEnv) client(idx int, rng *rand.Rand) chaosClientResult {
 	}
 }
 
+// chaosLastID returns the id a client resumes from after c: the last id c
+// received, or lastID if it received none.
+func chaosLastID(c *chaosConn, lastID string) string {
+	for _, f := range c.frames {
+		if f.kind == 'h' || f.kind == 'e' {
+			lastID = strconv.FormatInt(f.seq, 10)
+		}
+	}
+	return lastID
+}
+
+// overloadWait waits the retry the overload answer told c, as an
+// EventSource would; false if the finish deadline came first.
+func (e *chaosEnv) overloadWait(c *chaosConn) bool {
+	ms, _ := strconv.ParseInt(c.frames[0].data, 10, 64)
+	wait := time.NewTimer(time.Duration(ms) * time.Millisecond)
+	defer wait.Stop()
+	select {
+	case <-wait.C:
+		return true
+	case <-e.finishDeadline:
+		return false
+	}
+}
+
 // run makes one connection and reads it until it is done; it reports
 // whether the connection reached the fence.
 func (e *chaosEnv) run(c *chaosConn, lastID string, life time.Duration, closeAfter, pauseAfter int, pause time.Duration) (reached bool) {
 	c.start = time.Since(e.start)
-	defer func() { c.stop = time.Since(e.start) }()
+	defer func() {
+		c.stop = time.Since(e.start)
+		// Hub A's streams begin with "retry: 1000"; the overload answer's
+		// retry is in [1x, 2x] OverloadRetry, and nothing follows it.
+		if c.hub == "A" && len(c.frames) == 1 && c.frames[0].kind == 'r' && c.frames[0].data != "1000" {
+			c.overloaded = true
+			c.end = "overload answer"
+			e.stats.overloaded.Add(1)
+		}
+	}()
 	base := e.urlA
 	if c.hub == "B" {
 		base = e.urlB
 	}
 	q := url.Values{}
-	if c.topic != "" {
-		q.Set("topic", c.topic)
+	for _, t := range c.topics {
+		q.Add("topic", t)
 	}
 	if c.sent != "" && c.via == "query" {
 		q.Set("lastEventId", c.sent)
@@ -725,6 +903,12 @@ func (e *chaosEnv) run(c *chaosConn, lastID string, life time.Duration, closeAft
 		return false
 	}
 	c.status = resp.StatusCode
+	if resp.StatusCode == http.StatusForbidden && c.hub == "A" && e.deniedScope(c.topics) {
+		resp.Body.Close()
+		c.end = "refused by Authorize"
+		e.stats.forbidden.Add(1)
+		return false
+	}
 	if resp.StatusCode != http.StatusOK {
 		resp.Body.Close()
 		c.end = "status " + resp.Status
@@ -815,6 +999,8 @@ func (c *chaosConn) add(f frame) {
 		}
 		seq, _ := strconv.ParseInt(f.ID, 10, 64)
 		c.frames = append(c.frames, chaosFrame{kind: 'h', seq: seq, data: f.ID + " " + f.Data})
+	case f.Retry != "" && !f.HasID && f.Event == "" && f.Data == "":
+		c.frames = append(c.frames, chaosFrame{kind: 'r', data: f.Retry}) // the overload answer
 	case f.Event == "gap" && !f.HasID:
 		c.frames = append(c.frames, chaosFrame{kind: 'g', data: f.Data})
 	case f.HasID && f.Event != "":
@@ -853,15 +1039,40 @@ func (f chaosFrame) passes(fence int64) bool {
 // chaosView is the ledger frozen for checking.
 type chaosView struct {
 	bySeq map[int64]chaosEntry
-	seqs  []int64 // ascending
+	polls map[int64]uint64 // chaosLedger.polled
+	seqs  []int64          // ascending
 	inDB  map[int64]bool
 	mark  int64 // the highest prune watermark of any topic
 }
 
-func chaosVisible(scope, topic string) bool { return scope == "" || topic == "" || topic == scope }
+func chaosVisible(scope []string, topic string) bool {
+	return len(scope) == 0 || topic == "" || slices.Contains(scope, topic)
+}
+
+// deniedScope reports whether hub A's Authorize refuses topics: the global
+// scope when it is denied, else any denied topic among them.
+func (e *chaosEnv) deniedScope(topics []string) bool {
+	if len(topics) == 0 {
+		return e.denied[""]
+	}
+	return slices.ContainsFunc(topics, func(t string) bool { return e.denied[t] })
+}
+
+// chaosScope draws a connection's scope: global a third of the time, else
+// 1 to 4 distinct topics in random order.
+func chaosScope(rng *rand.Rand) []string {
+	if rng.IntN(3) == 0 {
+		return nil
+	}
+	var scope []string
+	for _, i := range rng.Perm(len(chaosTopics))[:1+rng.IntN(4)] {
+		scope = append(scope, chaosTopics[i])
+	}
+	return scope
+}
 
 // visibleIn returns the ledger sequences visible to scope in (after, before).
-func (v *chaosView) visibleIn(scope string, after, before int64) []int64 {
+func (v *chaosView) visibleIn(scope []string, after, before int64) []int64 {
 	i, _ := slices.BinarySearch(v.seqs, after+1)
 	var out []int64
 	for ; i < len(v.seqs) && v.seqs[i] < before; i++ {
@@ -876,7 +1087,7 @@ func (v *chaosView) visibleIn(scope string, after, before int64) []int64 {
 // against SPEC §1 and §4, and the in-process subscribers.
 func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elapsed time.Duration) {
 	t := e.t
-	v := &chaosView{bySeq: e.ledger.bySeq, inDB: map[int64]bool{}}
+	v := &chaosView{bySeq: e.ledger.bySeq, polls: e.ledger.polled, inDB: map[int64]bool{}}
 	for s := range v.bySeq {
 		v.seqs = append(v.seqs, s)
 	}
@@ -931,7 +1142,7 @@ func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elap
 			}
 			delivered[seq] = true
 		}
-		for _, seq := range v.visibleIn("", s.start, fence+1) {
+		for _, seq := range v.visibleIn(nil, s.start, fence+1) {
 			if v.inDB[seq] && !delivered[seq] {
 				t.Errorf("hub %s subscriber (from %d) never got event %d, which was never pruned", name, s.start, seq)
 			}
@@ -956,6 +1167,12 @@ func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elap
 			if c.status != http.StatusOK {
 				continue
 			}
+			if c.overloaded {
+				if _, err := e.checkConn(v, c, head); err != nil {
+					violations = append(violations, e.trace(v, c, err))
+				}
+				continue
+			}
 			conns++
 			modes[c.mode]++
 			ends[strings.TrimRight(strings.SplitN(strings.SplitN(c.end, " (", 2)[0], " frames", 2)[0], " 0123456789")]++
@@ -971,6 +1188,7 @@ func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elap
 			}
 		}
 	}
+	violations = append(violations, e.checkPolls(v, head)...)
 	for i, msg := range violations {
 		if i == 8 {
 			t.Errorf("... and %d more violations", len(violations)-i)
@@ -987,6 +1205,8 @@ func (e *chaosEnv) check(results []chaosClientResult, subA, subB *chaosSub, elap
 		e.stats.pruneCalls.Load(), e.stats.pruned.Load(), e.stats.restarts.Load(), e.stats.resyncs.Load())
 	t.Logf("checked %d connections (%d frames, %d events of which %d replayed): modes %v; gaps %v; ends %v; %d more dropped before any response",
 		conns, frames, events, replayed, modes, gaps, ends, e.stats.dropped.Load())
+	t.Logf("hub A refused %d requests by Authorize and %d by MaxConnections; %d connections retried after the overload answer were served",
+		e.stats.forbidden.Load(), e.stats.overloaded.Load(), e.stats.servedAfterOverload.Load())
 	if len(violations) > 0 {
 		t.Errorf("%d connections violated the guarantee; seed %d", len(violations), e.seed)
 	}
@@ -1016,6 +1236,18 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 	if c.hub == "B" {
 		limit = e.limitB
 	}
+	if c.hub == "A" && e.deniedScope(c.topics) && !c.overloaded {
+		// The cap is checked before Authorize: a denied scope may get the
+		// overload answer, never a stream.
+		return st, fmt.Errorf("served a scope Authorize denies")
+	}
+	if c.overloaded {
+		ms, err := strconv.ParseInt(fs[0].data, 10, 64)
+		if lo := e.overloadRetry.Milliseconds(); err != nil || ms < lo || ms > 2*lo {
+			return st, fmt.Errorf("overload answer retry %q outside [%d, %d] ms", fs[0].data, lo, 2*lo)
+		}
+		return st, nil
+	}
 	if c.hub == "A" && len(fs) > 0 {
 		if fs[0].kind != 'r' || fs[0].data != "1000" {
 			return st, fmt.Errorf("first frame is not retry: 1000")
@@ -1029,9 +1261,10 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 		return st, fmt.Errorf("first frame is not hello: %q", fs[0].data)
 	}
 	var hello struct {
-		Topic  *string `json:"topic"`
-		Cursor *int64  `json:"cursor"`
-		Head   *int64  `json:"head"`
+		Topic  *string   `json:"topic"`
+		Topics *[]string `json:"topics"`
+		Cursor *int64    `json:"cursor"`
+		Head   *int64    `json:"head"`
 	}
 	_, data, _ := strings.Cut(fs[0].data, " ")
 	if err := json.Unmarshal([]byte(data), &hello); err != nil || hello.Cursor == nil || hello.Head == nil {
@@ -1041,8 +1274,10 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 	switch {
 	case fs[0].seq != cursor:
 		return st, fmt.Errorf("hello id %d differs from its cursor %d", fs[0].seq, cursor)
-	case (hello.Topic == nil) != (c.topic == "") || (hello.Topic != nil && *hello.Topic != c.topic):
-		return st, fmt.Errorf("hello topic %v, connection topic %q", hello.Topic, c.topic)
+	case (hello.Topic == nil) != (len(c.topics) != 1) || (hello.Topic != nil && *hello.Topic != c.topics[0]):
+		return st, fmt.Errorf("hello topic %v, connection topics %q", hello.Topic, c.topics)
+	case hello.Topics == nil || len(*hello.Topics) != len(c.topics) || (len(c.topics) > 0 && !slices.Equal(*hello.Topics, c.topics)):
+		return st, fmt.Errorf("hello topics %v, connection topics %q", hello.Topics, c.topics)
 	case head < 0 || head > finalHead:
 		// The head need not be a stored event: a rejected duplicate may
 		// consume a sequence (SPEC §2).
@@ -1097,9 +1332,9 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 				return st, fmt.Errorf("replay_limit gap lacks a field: %+v", g)
 			}
 			from, through, missed := *g.MissedFrom, *g.MissedThrough, *g.Missed
-			n := int64(len(v.visibleIn(c.topic, from-1, through+1)))
+			n := int64(len(v.visibleIn(c.topics, from-1, through+1)))
 			if from <= sent || through < from || through > head || missed < 1 || missed > n ||
-				!chaosVisible(c.topic, v.bySeq[from].topic) || !chaosVisible(c.topic, v.bySeq[through].topic) {
+				!chaosVisible(c.topics, v.bySeq[from].topic) || !chaosVisible(c.topics, v.bySeq[through].topic) {
 				return st, fmt.Errorf("replay_limit gap %d..%d missed %d (ledger: %d visible in range) after cursor %d, head %d",
 					from, through, missed, n, sent, head)
 			}
@@ -1110,7 +1345,7 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 				return st, fmt.Errorf("pruned gap %s after cursor %d, head %d", chaosGapString(g), sent, head)
 			}
 			// Honest: some event of the scope in the range was pruned.
-			if !slices.ContainsFunc(v.visibleIn(c.topic, sent, *g.MissedThrough+1), func(s int64) bool { return !v.inDB[s] }) {
+			if !slices.ContainsFunc(v.visibleIn(c.topics, sent, *g.MissedThrough+1), func(s int64) bool { return !v.inDB[s] }) {
 				return st, fmt.Errorf("pruned gap %s, but every event of the scope in its range is still in the log", chaosGapString(g))
 			}
 			covered = [2]int64{*g.MissedFrom, *g.MissedThrough}
@@ -1136,15 +1371,15 @@ func (e *chaosEnv) checkConn(v *chaosView, c *chaosConn, finalHead int64) (st ch
 		switch {
 		case !ok:
 			return st, fmt.Errorf("event %d was never published", seq)
-		case !chaosVisible(c.topic, en.topic):
-			return st, fmt.Errorf("event %d of topic %q delivered to scope %q", seq, en.topic, c.topic)
+		case !chaosVisible(c.topics, en.topic):
+			return st, fmt.Errorf("event %d of topic %q delivered to scope %q", seq, en.topic, c.topics)
 		case en.hash != f.hash:
 			return st, fmt.Errorf("event %d: type or data differ from what was published", seq)
 		}
 		if g != nil && covered[0] <= covered[1] && seq <= covered[1] {
 			return st, fmt.Errorf("event %d inside or below the gap's range %d..%d", seq, covered[0], covered[1])
 		}
-		for _, s := range v.visibleIn(c.topic, prev, seq) {
+		for _, s := range v.visibleIn(c.topics, prev, seq) {
 			if s < covered[0] || s > covered[1] {
 				return st, &chaosHole{seq: s, prev: prev, next: seq}
 			}
@@ -1197,8 +1432,8 @@ func chaosGapString(g *gapJSON) string {
 // the violation, and what else happened meanwhile.
 func (e *chaosEnv) trace(v *chaosView, c *chaosConn, err error) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "VIOLATION (seed %d) conn %d of client %d: hub %s, topic %q, mode %s, cursor %q via %s, %s; %v..%v, ended: %s\n  %v\n",
-		e.seed, c.id, c.client, c.hub, c.topic, c.mode, c.sent, c.via, c.behaviour, c.start.Round(time.Millisecond),
+	fmt.Fprintf(&b, "VIOLATION (seed %d) conn %d of client %d: hub %s, topics %q, mode %s, cursor %q via %s, %s; %v..%v, ended: %s\n  %v\n",
+		e.seed, c.id, c.client, c.hub, c.topics, c.mode, c.sent, c.via, c.behaviour, c.start.Round(time.Millisecond),
 		c.stop.Round(time.Millisecond), c.end, err)
 	focus := int64(-1)
 	var hole *chaosHole

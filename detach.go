@@ -25,8 +25,11 @@ import (
 // startStream serves an admitted stream request: on w, or, detached, on
 // w's connection from a goroutine of its own once w's handler returned.
 // HTTP/2, a ResponseWriter that cannot flush (serveStream refuses it) or
-// cannot hijack, and a closed hub are served on w.
-func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
+// cannot hijack, and a closed hub are served on w. *release frees the
+// request's admission (its MaxConnections slot): a detached stream takes
+// it over, calling it when the stream ends, and leaves a no-op in its
+// place for the handler's return.
+func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string, release *func()) {
 	if !h.opts.SSE.DetachConnections || r.ProtoMajor != 1 || !canFlush(w) {
 		h.serveStream(w, r, topics, rawCursor)
 		return
@@ -69,6 +72,7 @@ func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []
 			cw.unwatch, cw.checkAtWrite = unwatch, false
 		}
 	}
+	cw.release, *release = *release, func() {}
 	if testHookDetached != nil {
 		testHookDetached()
 	}
@@ -83,9 +87,9 @@ func (h *EventHub) serveDetached(cw *connWriter, r *http.Request, topics []strin
 	h.serveStream(cw, r, topics, rawCursor)
 }
 
-// endDetached closes a detached stream's connection. A panic (a
-// HeartbeatData function's, say) ends only this stream, logged, as
-// net/http does for a handler's.
+// endDetached closes a detached stream's connection and frees its
+// admission. A panic (a HeartbeatData function's, say) ends only this
+// stream, logged, as net/http does for a handler's.
 func (h *EventHub) endDetached(cw *connWriter, r *http.Request, cancel func()) {
 	if p := recover(); p != nil {
 		buf := make([]byte, 64<<10)
@@ -94,6 +98,7 @@ func (h *EventHub) endDetached(cw *connWriter, r *http.Request, cancel func()) {
 	}
 	cw.close()
 	cancel()
+	cw.release()
 	h.wg.Done()
 }
 
@@ -113,6 +118,7 @@ type connWriter struct {
 	raw          syscall.RawConn // the socket under conn; nil if unknown
 	checkAtWrite bool            // look for the client's end before a write after a silence
 	unwatch      func()          // ends the departure watch; nil: none
+	release      func()          // frees the request's admission, once the stream ended
 	header       http.Header     // until the head is written
 	status       int
 	head         bool      // the status line and headers were written

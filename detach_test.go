@@ -67,7 +67,19 @@ func TestSSEDetached(t *testing.T) {
 		{"LargestFrameFitsDefaultCap", TestSSELargestFrameFitsDefaultCap},
 		{"SlowConsumerCutIsLogged", TestSSESlowConsumerCutIsLogged},
 		{"StatsAndTracker", TestStatsAndTracker},
+		{"ConnectionCap", TestSSEConnectionCap},
+		{"Authorize", TestSSEAuthorize},
+		{"DeniedTopicNeverVisible", TestSSEDeniedTopicNeverVisible},
+		{"TopicQueryStrict", TestSSETopicQueryStrict},
+		{"ScopeHelloShape", TestScopeHelloShape},
+		{"ScopeUnionReplayExactCounts", TestScopeUnionReplayExactCounts},
+		{"ScopePrunedWatermarkOfOneTopic", TestScopePrunedWatermarkOfOneTopic},
+		{"ScopeOverlapDeliveredOnce", TestScopeOverlapDeliveredOnce},
+		{"ReplayPruneBetweenPagesEndsStream", TestReplayPruneBetweenPagesEndsStream},
+		{"CloseManyClientsMidReplay", TestCloseManyClientsMidReplay},
 		{"Load", TestLoad}, // skipped with -short, as on today's path
+		// Not TestSSERevokedContextEndsStream: a detached stream's context
+		// is not the request's (doc.go), by design.
 	} {
 		t.Run(tc.name, func(t *testing.T) { withDetach(t, tc.fn) })
 	}

@@ -26,8 +26,12 @@
 // and reaches every connection. A connection without a topic is global and
 // sees every event. The same rule decides live delivery, replay and gaps.
 //
-// [EventHub.Handler] is the SSE endpoint. The topic is the "topic" query
-// parameter (trimmed); the cursor is the Last-Event-ID header, or failing that
+// [EventHub.Handler] is the SSE endpoint; PROTOCOL.md in the repository
+// describes everything it accepts and sends: frames, hello, gaps, cursors,
+// scopes and status codes. The topic is the "topic" query parameter
+// (trimmed), which may be repeated to open several topics on one connection
+// (?topic=a&topic=b: their events and broadcasts); the cursor is the
+// Last-Event-ID header, or failing that
 // the lastEventId query parameter, so a page can start a stream from the
 // sequence it rendered. Each stream begins with a hello frame whose id is the
 // stream's cursor (the client's, or the head for a fresh client), so even a
@@ -47,6 +51,18 @@
 //
 // Every gap frame carries all six keys, and a client should treat any gap as
 // "re-sync from a snapshot".
+//
+// # Who may see what
+//
+// [Options].Authorize, when set, decides every stream request before
+// anything is read from the log, given the scope's topics (none for the
+// global scope). A nil error grants exactly that scope; an error refuses the
+// request, 401 when it wraps [ErrUnauthenticated], else 403, with a fixed
+// body. A stream ends as soon as its request's context is done, so
+// middleware that ties the context to the session revokes access at once.
+// SSEOptions.MaxConnections caps the open streams: past it a request gets
+// 200 with only a retry field, and an EventSource comes back by itself
+// between 1x and 2x SSEOptions.OverloadRetry later.
 //
 // # Live delivery, tail and slow consumers
 //
@@ -96,6 +112,16 @@
 //
 //   - New creates the schema; [EventHub.EnsureSchema] remains for explicit use
 //     (for example by a migration step) and is idempotent.
+//   - Each row carries its ordinal in the log and in its topic (broadcasts
+//     count as one topic), so that a gap's exact count costs a few index
+//     lookups per topic whatever its size. New adds these columns to a
+//     database made by an earlier version and numbers its rows, 2,000 per
+//     write transaction, before it returns (about 8s a million rows; an
+//     interrupted numbering resumes where it stopped); it also replaces the
+//     (topic, sequence) index by (topic, sequence, topic_ordinal). Rows an
+//     earlier version appends later stay unnumbered (and so do this
+//     version's after them) until the next New: counts stay exact, but read
+//     row by row meanwhile.
 //   - OpenDB(":memory:") pins the pool to one connection, so the whole pool
 //     shares one in-memory database and every use is serialised. A file gets
 //     WAL, a 10s busy timeout and synchronous=NORMAL.
@@ -169,6 +195,57 @@
 //     with the SSE reasons "pruned" and "unknown_cursor", plus "unreadable"
 //     for rows a database error kept from being read (an SSE client gets a
 //     stream that ends, then the gap its cursor earns on reconnecting).
+//   - [ClientScript] serves the module with a strong ETag (a hash of its
+//     bytes) and Cache-Control no-cache, answers If-None-Match with 304 and
+//     any method but GET and HEAD with 405.
+//   - The browser module: a cursor stored under storageKey wins over the
+//     cursor option (it is what the tab saw last). transport defaults to
+//     "auto" when both URLs are given, else to the one given. Topics are
+//     always sent as "topic" parameters (the default TopicParam). A fresh
+//     poll subscription first polls with wait=0 to learn the head, so that
+//     a reload before any event loses nothing. After an unknown_cursor gap
+//     the cursor moves back to the head the server names, and ids continue
+//     from there (strictly increasing again from the gap on). Events of
+//     types not asked for move the cursor without reaching onEvent.
+//   - Any query that does not parse (url.ParseQuery fails, for example on a
+//     ";" separator or a bad escape) is refused with 400, whichever
+//     parameter is malformed: net/url would drop the pair, and a dropped
+//     topic would widen the scope.
+//   - Authorize gets its own copy of the topics, nil for the global scope.
+//     It is not called for OPTIONS, nor for a request already refused by
+//     the method, origin, topic or connection checks. A 401 carries no
+//     WWW-Authenticate header: the scheme is the application's, so wrap
+//     the handler to add one.
+//   - A request holds its connection slot from admission, before Authorize
+//     runs, until its stream ends; a refused request gives it back at once.
+//     HEAD is admitted like GET and answers the same status, holding no
+//     slot once answered.
+//   - The overload answer is "retry: <ms>" and the comment
+//     ": server busy, retry later", then the response ends; it counts under
+//     the "overload" refusal reason.
+//   - [EventHub.Metrics] is a lock-free snapshot of counters and histograms
+//     that never reads the log; the head gauge is read apart, at scrape
+//     time, with LatestSequence: the log's head (what hello frames carry,
+//     other processes' writes included) rather than the hub's live
+//     position, which lags other writers. replaydprom leaves the head out
+//     of a scrape whose read fails, so the other metrics stay visible.
+//   - The tail lag is measured from the newest delivered row's created_at,
+//     the writer's clock in milliseconds taken just before its insert:
+//     exact to about a millisecond plus the writer's transaction, since
+//     writers of one SQLite file share the host's clock. Negative ages
+//     (a clock stepped back) count as 0.
+//   - [EventHub.Ready] checks a read of the head and the write lock
+//     (BEGIN IMMEDIATE, ROLLBACK on the writer's connection, queued behind
+//     this hub's commits); it writes nothing and cannot detect a full disk.
+//   - The poll endpoint ([EventHub.PollHandler]) answers GET and OPTIONS
+//     only (HEAD gets 405, as any other method). It always sends
+//     Access-Control-Expose-Headers: Retry-After, so a cross-origin page
+//     can read the delay of a 503. A poll that arrives while the hub is
+//     closing gets 503; one already waiting gets its 200 with no events.
+//     A waiting poll woken by an event it then does not find above its
+//     cursor (one already answered) keeps waiting, within the same wait.
+//     Polls are not SSE connections: the tracker does not count them, the
+//     connections metric does (transport "poll") while they wait.
 //   - The tracker ([EventHub.Clients]) also offers ActiveClients(topic),
 //     Total and Snapshot. A topic stays in Snapshot and Stats with 0 clients
 //     after its last client leaves, until it has been idle for more than an
@@ -176,6 +253,20 @@
 //     topic names, so the tracker must not keep them all). Dropping is done
 //     as connections open and close and when Snapshot runs, so Stats costs
 //     at most the open topics plus 10,000 entries.
+//   - The hub takes its writer's connection from the pool in New and keeps
+//     it (except on a pool of one, ":memory:", where it is lent per batch).
+//     SSE log reads (handshakes and replay pages) run at most pool size
+//     minus two at a time (at least one; 8 on an unlimited pool), so a storm
+//     of connecting clients queues for that limit and leaves a connection
+//     free for the live catch-up and the tail.
+//   - A resuming client's replay is read and written a page at a time (64
+//     events or 64 KiB, at least one event), each page under the usual write
+//     deadline, so a connection in replay holds one page besides its live
+//     queue (MaxBufferedBytes). The replay window, the gap and the head come
+//     from one read snapshot of the index; the pages are read afterwards,
+//     and since rows at or below the head can only be pruned, never
+//     inserted, a prune watermark above the last event written ends the
+//     stream: the client reconnects and is told of the pruned rows in a gap.
 //   - SSEOptions.DetachConnections takes an HTTP/1.1 stream's connection
 //     over from net/http (http.Hijacker) once the request is admitted; the
 //     handler returns and the stream runs on one goroutine of its own, so an
@@ -195,9 +286,14 @@
 //     first (it ends every stream, closes their connections and waits for
 //     their goroutines), then the server's Shutdown. Middleware that wraps the
 //     ResponseWriter sees the request but not the stream's bytes, and ending
-//     the request's context (a timeout middleware) does not end a detached
-//     stream; the hub keeps the request's context values, and the request
-//     without its headers, which were read at admission.
+//     the request's context does not end a detached stream: net/http ends
+//     that context when the handler returns, so a middleware that revokes
+//     access, or times a stream out, by cancelling it (see "Who may see
+//     what" in the README) cannot reach a detached stream; leave
+//     DetachConnections off if you rely on that. The hub keeps the
+//     request's context values, and the request without its headers, which
+//     were read at admission. A MaxConnections slot is held until the
+//     detached stream ends.
 //   - Nothing reads a detached connection, so its client's leaving is not
 //     seen by net/http. On Linux one epoll instance per process (one
 //     goroutine, started with the first detached stream and stopped with the

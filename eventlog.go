@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -16,66 +19,177 @@ import (
 // holds the prune watermarks (§3 of the spec). Topic is NULL for broadcasts in
 // the events table and the empty string in the watermark table, where it is
 // a primary key.
+//
+// ordinal numbers the rows of the log 1, 2, 3, ... and topic_ordinal the
+// rows of each topic (broadcasts counting as one topic), both assigned by
+// the writer inside the write transaction. Counting a scope's rows in a
+// range is then a difference of ordinals found by index, whatever the
+// range's size (see span). Databases made before these columns get them in
+// ensureSchema.
 var schema = []string{
 	`CREATE TABLE IF NOT EXISTS events (
-		sequence   INTEGER PRIMARY KEY AUTOINCREMENT,
-		event_id   TEXT    NOT NULL UNIQUE,
-		type       TEXT    NOT NULL,
-		topic      TEXT,
-		payload    TEXT    NOT NULL,
-		created_at INTEGER NOT NULL -- unix milliseconds, never decreasing
+		sequence      INTEGER PRIMARY KEY AUTOINCREMENT,
+		event_id      TEXT    NOT NULL UNIQUE,
+		type          TEXT    NOT NULL,
+		topic         TEXT,
+		payload       TEXT    NOT NULL,
+		created_at    INTEGER NOT NULL, -- unix milliseconds, never decreasing
+		ordinal       INTEGER,          -- among all rows; NULL: not yet migrated
+		topic_ordinal INTEGER           -- among the topic's rows (or broadcasts')
 	)`,
-	`CREATE INDEX IF NOT EXISTS events_topic_sequence ON events (topic, sequence)`,
 	`CREATE TABLE IF NOT EXISTS events_prune_watermarks (
 		topic    TEXT    PRIMARY KEY, -- '' for broadcasts
 		sequence INTEGER NOT NULL
 	) WITHOUT ROWID`,
 }
 
+// The topic index covers topic_ordinal, so a count reads no table row.
+// It replaces the (topic, sequence) index of earlier versions.
+const (
+	qCreateTopicIndex = `CREATE INDEX IF NOT EXISTS events_topic_sequence_ordinal ON events (topic, sequence, topic_ordinal)`
+	qDropOldIndex     = `DROP INDEX IF EXISTS events_topic_sequence`
+	qHasOrdinals      = `SELECT count(*) FROM pragma_table_info('events') WHERE name IN ('ordinal', 'topic_ordinal')`
+	qAddOrdinal       = `ALTER TABLE events ADD COLUMN ordinal INTEGER`
+	qAddTopicOrdinal  = `ALTER TABLE events ADD COLUMN topic_ordinal INTEGER`
+	qUnmigrated       = `SELECT ordinal IS NULL FROM events ORDER BY sequence DESC LIMIT 1`
+	qBackfillRows     = `SELECT sequence, topic, ordinal, topic_ordinal FROM events
+		WHERE sequence > ? ORDER BY sequence LIMIT ?`
+	qFirstFrom    = `SELECT ordinal IS NULL FROM events WHERE sequence >= ? ORDER BY sequence LIMIT 1`
+	qBackfillPrev = `SELECT ordinal FROM events WHERE sequence <= ? ORDER BY sequence DESC LIMIT 1`
+	qBackfillSet  = `UPDATE events SET ordinal = ?, topic_ordinal = ? WHERE sequence = ?`
+)
+
 const eventColumns = `sequence, event_id, type, topic, payload, created_at`
 
-// Reads. A topic scope is a UNION ALL of two index range scans on
-// (topic, sequence), one for the topic and one for broadcasts, which SQLite
+// Reads. A scope of n topics is a UNION ALL of n+1 index range scans on
+// (topic, sequence), one per topic and one for broadcasts, which SQLite
 // merges by sequence without sorting. The obvious
-// "(topic = ? OR topic IS NULL)" plans as a MULTI-INDEX OR plus a temporary
-// B-tree sort and measured about five times slower on a million rows;
-// TestReplayQueryPlans pins the plans.
+// "(topic IN (...) OR topic IS NULL)" plans as a MULTI-INDEX OR plus a
+// temporary B-tree sort and measured about five times slower on a million
+// rows; TestReplayQueryPlans pins the plans. Parameters: ?1..?n are the
+// topics, then after, through (or before) and limit.
 const (
-	qReplayGlobal = `SELECT ` + eventColumns + ` FROM events
-		WHERE sequence > ?2 ORDER BY sequence LIMIT ?3`
-	qReplayTopic = `SELECT ` + eventColumns + ` FROM events WHERE topic = ?1 AND sequence > ?2
-		UNION ALL
-		SELECT ` + eventColumns + ` FROM events WHERE topic IS NULL AND sequence > ?2
-		ORDER BY sequence LIMIT ?3`
-
-	qLatestGlobal = `SELECT ` + eventColumns + ` FROM events
-		WHERE sequence > ?2 AND sequence <= ?4 ORDER BY sequence DESC LIMIT ?3`
-	qLatestTopic = `SELECT ` + eventColumns + ` FROM events WHERE topic = ?1 AND sequence > ?2 AND sequence <= ?4
-		UNION ALL
-		SELECT ` + eventColumns + ` FROM events WHERE topic IS NULL AND sequence > ?2 AND sequence <= ?4
-		ORDER BY sequence DESC LIMIT ?3`
-
-	qSpanGlobal = `SELECT count(*), coalesce(min(sequence), 0), coalesce(max(sequence), 0) FROM events
-		WHERE sequence > ?2 AND sequence < ?3`
-	qSpanTopic = `SELECT count(*), coalesce(min(sequence), 0), coalesce(max(sequence), 0) FROM (
-		SELECT sequence FROM events WHERE topic = ?1 AND sequence > ?2 AND sequence < ?3
-		UNION ALL
-		SELECT sequence FROM events WHERE topic IS NULL AND sequence > ?2 AND sequence < ?3)`
-
 	qSchemaColumns = `SELECT count(*) FROM pragma_table_info('events')
 		WHERE name IN ('sequence', 'event_id', 'type', 'topic', 'payload', 'created_at')`
 
 	qHead = `SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)`
 
 	qWatermarkGlobal = `SELECT coalesce(max(sequence), 0) FROM events_prune_watermarks`
-	qWatermarkTopic  = `SELECT coalesce(max(sequence), 0) FROM events_prune_watermarks WHERE topic IN (?1, '')`
 )
+
+// Query kinds built per scope size by scopeQuery.
+const (
+	kindReplay    = iota // rows in (after, through], ascending, limit
+	kindLatest           // rows in (after, through], descending, limit
+	kindBoundary         // the sequence of the limit-th newest row in (after, through]
+	kindOrdinals         // per branch: first and last row in (after, before) with their ordinals
+	kindCount            // count, first and last in (after, before), row by row
+	kindWatermark        // the highest prune watermark of the scope
+)
+
+// scopeQueries caches scopeQuery's text by kind and number of topics.
+var scopeQueries sync.Map // [2]int -> string
+
+// scopeQuery returns the SQL of kind for a scope of n topics (0: global).
+func scopeQuery(kind, n int) string {
+	key := [2]int{kind, n}
+	if q, ok := scopeQueries.Load(key); ok {
+		return q.(string)
+	}
+	q := buildScopeQuery(kind, n)
+	scopeQueries.Store(key, q)
+	return q
+}
+
+func buildScopeQuery(kind, n int) string {
+	after, upper, limit := fmt.Sprintf("?%d", n+1), fmt.Sprintf("?%d", n+2), fmt.Sprintf("?%d", n+3)
+	// where returns branch i's condition: topic ?i, broadcasts for i == 0,
+	// every row for a global scope.
+	where := func(i int, cmp string) string {
+		r := "sequence > " + after + " AND sequence " + cmp + " " + upper
+		switch {
+		case n == 0:
+			return r
+		case i == 0:
+			return "topic IS NULL AND " + r
+		}
+		return fmt.Sprintf("topic = ?%d AND %s", i, r)
+	}
+	branches := func(f func(i int) string) string {
+		if n == 0 {
+			return f(0)
+		}
+		parts := make([]string, 0, n+1)
+		for i := 1; i <= n; i++ {
+			parts = append(parts, f(i))
+		}
+		parts = append(parts, f(0))
+		return strings.Join(parts, "\n\t\tUNION ALL\n\t\t")
+	}
+	switch kind {
+	case kindReplay, kindLatest:
+		order := "sequence"
+		if kind == kindLatest {
+			order = "sequence DESC"
+		}
+		return branches(func(i int) string {
+			return "SELECT " + eventColumns + " FROM events WHERE " + where(i, "<=")
+		}) + " ORDER BY " + order + " LIMIT " + limit
+	case kindBoundary:
+		return `SELECT sequence FROM (` + branches(func(i int) string {
+			return "SELECT sequence FROM events WHERE " + where(i, "<=")
+		}) + " ORDER BY sequence DESC LIMIT 1 OFFSET " + limit + " - 1)"
+	case kindOrdinals:
+		col := "topic_ordinal"
+		if n == 0 {
+			col = "ordinal"
+		}
+		return branches(func(i int) string {
+			first := fmt.Sprintf("SELECT %d, 0, sequence, o FROM (SELECT sequence, %s AS o FROM events WHERE %s ORDER BY sequence LIMIT 1)", i, col, where(i, "<"))
+			last := fmt.Sprintf("SELECT %d, 1, sequence, o FROM (SELECT sequence, %s AS o FROM events WHERE %s ORDER BY sequence DESC LIMIT 1)", i, col, where(i, "<"))
+			return first + "\n\t\tUNION ALL\n\t\t" + last
+		})
+	case kindCount:
+		return `SELECT count(*), coalesce(min(sequence), 0), coalesce(max(sequence), 0) FROM (` +
+			branches(func(i int) string { return "SELECT sequence FROM events WHERE " + where(i, "<") }) + ")"
+	case kindWatermark:
+		if n == 0 {
+			return qWatermarkGlobal
+		}
+		in := make([]string, 0, n+1)
+		for i := 1; i <= n; i++ {
+			in = append(in, fmt.Sprintf("?%d", i))
+		}
+		in = append(in, "''")
+		return qWatermarkGlobal + " WHERE topic IN (" + strings.Join(in, ", ") + ")"
+	}
+	panic("replayd: unknown query kind")
+}
+
+// scopeArgs returns the arguments of a scope query: the topics, then rest.
+func scopeArgs(topics []string, rest ...any) []any {
+	args := make([]any, 0, len(topics)+len(rest))
+	for _, t := range topics {
+		args = append(args, t)
+	}
+	return append(args, rest...)
+}
+
+// scopeOf is the scope of the exported single-topic reads: "" is global.
+func scopeOf(topic string) []string {
+	if topic == "" {
+		return nil
+	}
+	return []string{topic}
+}
 
 // Writes.
 const (
-	qLastCreatedAt = `SELECT coalesce((SELECT created_at FROM events ORDER BY sequence DESC LIMIT 1), 0)`
-	qInsert        = `INSERT INTO events (event_id, type, topic, payload, created_at) VALUES (?, ?, ?, ?, ?)
-		ON CONFLICT (event_id) DO NOTHING`
+	qLastRow          = `SELECT sequence, created_at, ordinal FROM events ORDER BY sequence DESC LIMIT 1`
+	qLastTopicOrdinal = `SELECT topic_ordinal FROM events WHERE topic = ? ORDER BY sequence DESC LIMIT 1`
+	qLastBroadcastOrd = `SELECT topic_ordinal FROM events WHERE topic IS NULL ORDER BY sequence DESC LIMIT 1`
+	qInsert           = `INSERT INTO events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)
+		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
 	qByEventID = `SELECT ` + eventColumns + ` FROM events WHERE event_id = ?`
 
 	qPruneHead      = `SELECT sequence, topic, created_at FROM events ORDER BY sequence LIMIT ?`
@@ -99,6 +213,10 @@ const pruneBatch = 1000
 type EventLog struct {
 	db     *sql.DB
 	writer *logWriter // appendBatch's connection; guarded by the hub's writeMu
+
+	// testHookHandshake, if set, runs inside readHandshake's read
+	// transaction, holding its pooled connection.
+	testHookHandshake func()
 }
 
 // querier is what both *sql.DB and *sql.Tx offer for reads.
@@ -121,7 +239,7 @@ func (l *EventLog) Replay(ctx context.Context, topic string, since int64, limit 
 	if err := validateTopic(topic); err != nil {
 		return nil, err
 	}
-	evs, err := l.replay(ctx, l.db, topic, since, defaultLimit(limit))
+	evs, err := l.replay(ctx, l.db, scopeOf(topic), since, maxSequence, defaultLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("replayd: replay: %w", err)
 	}
@@ -135,7 +253,7 @@ func (l *EventLog) ReplayLatest(ctx context.Context, topic string, since int64, 
 	if err := validateTopic(topic); err != nil {
 		return nil, err
 	}
-	evs, err := l.replayLatest(ctx, l.db, topic, since, maxSequence, defaultLimit(limit))
+	evs, err := l.replayLatest(ctx, l.db, scopeOf(topic), since, maxSequence, defaultLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("replayd: replay latest: %w", err)
 	}
@@ -148,7 +266,7 @@ func (l *EventLog) CountBetween(ctx context.Context, topic string, after, before
 	if err := validateTopic(topic); err != nil {
 		return 0, err
 	}
-	s, err := l.span(ctx, l.db, topic, after, before)
+	s, err := l.span(ctx, l.db, scopeOf(topic), after, before)
 	if err != nil {
 		return 0, fmt.Errorf("replayd: count: %w", err)
 	}
@@ -175,7 +293,7 @@ func defaultLimit(limit int) int {
 }
 
 func (l *EventLog) ensureSchema(ctx context.Context) error {
-	return l.writeTx(ctx, func(conn *sql.Conn) error {
+	err := l.writeTx(ctx, func(conn *sql.Conn) error {
 		for i, stmt := range schema {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
 				return err
@@ -192,9 +310,158 @@ func (l *EventLog) ensureSchema(ctx context.Context) error {
 			if n != 6 {
 				return errors.New("table events exists but is not replayd's (sequence, event_id, type, topic, payload, created_at)")
 			}
+			// A table made by an earlier version lacks the ordinals.
+			if err := conn.QueryRowContext(ctx, qHasOrdinals).Scan(&n); err != nil {
+				return err
+			}
+			if n == 0 {
+				for _, q := range []string{qAddOrdinal, qAddTopicOrdinal} {
+					if _, err := conn.ExecContext(ctx, q); err != nil {
+						return err
+					}
+				}
+			}
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	if err := l.backfillOrdinals(ctx); err != nil {
+		return fmt.Errorf("number the rows of an earlier version: %w", err)
+	}
+	return l.writeTx(ctx, func(conn *sql.Conn) error {
+		for _, q := range []string{qCreateTopicIndex, qDropOldIndex} {
+			if _, err := conn.ExecContext(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// backfillBatch is how many rows one backfill transaction numbers.
+const backfillBatch = 2000
+
+// backfillOrdinals numbers the rows that have no ordinals yet, oldest first,
+// in transactions of backfillBatch rows, so another process's publishes
+// interleave. Unnumbered rows are always a suffix of the log: the writer
+// leaves a row unnumbered only while the newest row is (see insertRows),
+// and this numbers them in sequence order. Until it is done, counts fall
+// back to reading rows (see span).
+func (l *EventLog) backfillOrdinals(ctx context.Context) error {
+	var (
+		pending bool
+		head    int64
+	)
+	err := l.db.QueryRowContext(ctx, qUnmigrated).Scan(&pending)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !pending) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// Unnumbered rows are a suffix: find where it starts by bisection, so
+	// that a numbering interrupted (New's deadline, a crash) resumes there.
+	var after int64 // every row up to here is numbered
+	if err := l.db.QueryRowContext(ctx, qHead).Scan(&head); err != nil {
+		return err
+	}
+	for lo, hi := int64(0), head; lo < hi; {
+		mid := lo + (hi-lo+1)/2
+		var unnumbered bool
+		err := l.db.QueryRowContext(ctx, qFirstFrom, mid).Scan(&unnumbered)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if err == nil && !unnumbered {
+			lo = mid // the first row at or above mid is numbered
+		} else {
+			hi = mid - 1
+		}
+		after = lo
+	}
+	for {
+		var n int
+		err := l.writeTx(ctx, func(conn *sql.Conn) error {
+			var err error
+			n, after, err = backfillOnce(ctx, conn, after)
+			return err
+		})
+		if err != nil || n < backfillBatch {
+			return err
+		}
+	}
+}
+
+// backfillOnce numbers up to backfillBatch rows above after, inside a write
+// transaction, and returns how many rows it visited and the last one.
+func backfillOnce(ctx context.Context, conn *sql.Conn, after int64) (int, int64, error) {
+	var prev sql.NullInt64 // the ordinal of the newest row at or below after
+	if err := conn.QueryRowContext(ctx, qBackfillPrev, after).Scan(&prev); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, after, err
+	}
+	type row struct {
+		seq       int64
+		topic     sql.NullString
+		ord, tord sql.NullInt64
+	}
+	rows, err := conn.QueryContext(ctx, qBackfillRows, after, backfillBatch)
+	if err != nil {
+		return 0, after, err
+	}
+	var batch []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.seq, &r.topic, &r.ord, &r.tord); err != nil {
+			rows.Close()
+			return 0, after, err
+		}
+		batch = append(batch, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, after, err
+	}
+	ord := prev.Int64
+	tords := map[string]int64{} // topic ("" = broadcasts) -> its last ordinal
+	for _, r := range batch {
+		t := r.topic.String
+		if r.ord.Valid && r.tord.Valid { // numbered already, by another process
+			ord, tords[t] = r.ord.Int64, r.tord.Int64
+			continue
+		}
+		tord, ok := tords[t]
+		if !ok {
+			if tord, err = lastTopicOrdinal(ctx, conn, t, r.seq); err != nil {
+				return 0, after, err
+			}
+		}
+		ord, tord = ord+1, tord+1
+		if _, err := conn.ExecContext(ctx, qBackfillSet, ord, tord, r.seq); err != nil {
+			return 0, after, err
+		}
+		tords[t] = tord
+	}
+	if len(batch) > 0 {
+		after = batch[len(batch)-1].seq
+	}
+	return len(batch), after, nil
+}
+
+// lastTopicOrdinal returns the topic ordinal of topic's newest row below
+// before, or 0 if it has none.
+func lastTopicOrdinal(ctx context.Context, q querier, topic string, before int64) (int64, error) {
+	query := `SELECT topic_ordinal FROM events WHERE topic = ?1 AND sequence < ?2 ORDER BY sequence DESC LIMIT 1`
+	if topic == "" {
+		query = `SELECT topic_ordinal FROM events WHERE topic IS NULL AND sequence < ?2 ORDER BY sequence DESC LIMIT 1`
+	}
+	var o sql.NullInt64
+	err := q.QueryRowContext(ctx, query, topic, before).Scan(&o)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return o.Int64, err
 }
 
 func (l *EventLog) head(ctx context.Context, q querier) (int64, error) {
@@ -203,50 +470,102 @@ func (l *EventLog) head(ctx context.Context, q querier) (int64, error) {
 	return head, err
 }
 
-func (l *EventLog) replay(ctx context.Context, q querier, topic string, since int64, limit int) ([]Event, error) {
-	query := qReplayGlobal
-	if topic != "" {
-		query = qReplayTopic
-	}
-	return scanEvents(q.QueryContext(ctx, query, topic, since, limit))
+// replay returns up to limit events of scope in (since, through],
+// ascending.
+func (l *EventLog) replay(ctx context.Context, q querier, topics []string, since, through int64, limit int) ([]Event, error) {
+	return scanEvents(q.QueryContext(ctx, scopeQuery(kindReplay, len(topics)), scopeArgs(topics, since, through, limit)...))
 }
 
-// replayLatest returns the newest limit events visible to topic in
+// replayLatest returns the newest limit events of scope in
 // (since, through], ascending.
-func (l *EventLog) replayLatest(ctx context.Context, q querier, topic string, since, through int64, limit int) ([]Event, error) {
-	query := qLatestGlobal
-	if topic != "" {
-		query = qLatestTopic
-	}
-	evs, err := scanEvents(q.QueryContext(ctx, query, topic, since, limit, through))
-	for i, j := 0, len(evs)-1; i < j; i, j = i+1, j-1 {
-		evs[i], evs[j] = evs[j], evs[i]
-	}
+func (l *EventLog) replayLatest(ctx context.Context, q querier, topics []string, since, through int64, limit int) ([]Event, error) {
+	evs, err := scanEvents(q.QueryContext(ctx, scopeQuery(kindLatest, len(topics)), scopeArgs(topics, since, through, limit)...))
+	slices.Reverse(evs)
 	return evs, err
+}
+
+// windowStart returns the sequence of the limit-th newest event of scope in
+// (after, through], or 0 if there are fewer: the first event of a replay
+// window. It reads only the index.
+func (l *EventLog) windowStart(ctx context.Context, q querier, topics []string, after, through int64, limit int) (int64, error) {
+	var seq int64
+	err := q.QueryRowContext(ctx, scopeQuery(kindBoundary, len(topics)), scopeArgs(topics, after, through, limit)...).Scan(&seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return seq, err
 }
 
 // span describes the visible events in a range: how many, first and last.
 type span struct{ count, first, last int64 }
 
-func (l *EventLog) span(ctx context.Context, q querier, topic string, after, before int64) (span, error) {
-	query := qSpanGlobal
-	if topic != "" {
-		query = qSpanTopic
-	}
+// span counts the events of scope in (after, before) with two index
+// lookups per branch (each topic, broadcasts; or the whole log): the first
+// and the last row of the branch in the range, whose ordinals differ by one
+// less than the rows between them. That is exact because the writer numbers
+// each branch's rows 1, 2, 3, ... in sequence order, and rows are only ever
+// deleted by retention, which deletes a prefix of the log: a branch's
+// retained rows are a suffix of its rows, numbered without a hole, however
+// much was pruned below them. (A log reset from outside starts the numbers
+// again at 1 with the first new row, which keeps that true.) Rows not yet
+// numbered, left by an earlier version of replayd writing the same file, are
+// counted row by row instead.
+func (l *EventLog) span(ctx context.Context, q querier, topics []string, after, before int64) (span, error) {
 	var s span
-	err := q.QueryRowContext(ctx, query, topic, after, before).Scan(&s.count, &s.first, &s.last)
-	return s, err
+	if before <= after+1 {
+		return s, nil
+	}
+	rows, err := q.QueryContext(ctx, scopeQuery(kindOrdinals, len(topics)), scopeArgs(topics, after, before)...)
+	if err != nil {
+		return s, err
+	}
+	type ends struct{ first, last sql.NullInt64 }
+	var (
+		branch     = make([]ends, len(topics)+1)
+		unnumbered bool
+	)
+	for rows.Next() {
+		var (
+			i, last int
+			seq     int64
+			ord     sql.NullInt64
+		)
+		if err := rows.Scan(&i, &last, &seq, &ord); err != nil {
+			rows.Close()
+			return s, err
+		}
+		unnumbered = unnumbered || !ord.Valid
+		if last == 1 {
+			branch[i].last = ord
+			s.last = max(s.last, seq)
+		} else {
+			branch[i].first = ord
+			if s.first == 0 || seq < s.first {
+				s.first = seq
+			}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return s, err
+	}
+	if unnumbered {
+		err := q.QueryRowContext(ctx, scopeQuery(kindCount, len(topics)), scopeArgs(topics, after, before)...).Scan(&s.count, &s.first, &s.last)
+		return s, err
+	}
+	for _, b := range branch {
+		if b.first.Valid && b.last.Valid {
+			s.count += b.last.Int64 - b.first.Int64 + 1
+		}
+	}
+	return s, nil
 }
 
-// watermark returns the highest prune watermark that applies to topic's
-// scope: the topic's own and the broadcasts', or any topic's for "".
-func (l *EventLog) watermark(ctx context.Context, q querier, topic string) (int64, error) {
-	query := qWatermarkGlobal
-	if topic != "" {
-		query = qWatermarkTopic
-	}
+// watermark returns the highest prune watermark that applies to scope: its
+// topics' and the broadcasts', or any topic's for the global scope.
+func (l *EventLog) watermark(ctx context.Context, q querier, topics []string) (int64, error) {
 	var p int64
-	err := q.QueryRowContext(ctx, query, topic).Scan(&p)
+	err := q.QueryRowContext(ctx, scopeQuery(kindWatermark, len(topics)), scopeArgs(topics)...).Scan(&p)
 	return p, err
 }
 
@@ -255,16 +574,18 @@ func (l *EventLog) watermark(ctx context.Context, q querier, topic string) (int6
 // agree with each other and with head.
 type handshake struct {
 	head      int64
-	replay    []Event // W: the newest window above the cursor, ascending
-	skipped   span    // M: visible events above the cursor older than W
-	watermark int64   // P
+	from      int64 // W, the replay window: the scope's events in [from, head]
+	skipped   span  // M: visible events above the cursor older than W
+	watermark int64 // P
 }
 
 // readHandshake reads, in one read transaction, the head and, when cursor is
-// below it, the replay window of at most limit events above cursor, the
-// skipped events below that window, and the prune watermark. A negative
-// cursor means a fresh client: only the head is read.
-func (l *EventLog) readHandshake(ctx context.Context, topic string, cursor int64, limit int) (hs handshake, err error) {
+// below it, where the replay window of at most limit events above cursor
+// starts, the skipped events below that window, and the prune watermark. A
+// negative cursor means a fresh client: only the head is read. It reads
+// index entries only, never a payload: the window itself is read page by
+// page afterwards (see readPage).
+func (l *EventLog) readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (hs handshake, err error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return hs, err
@@ -277,20 +598,98 @@ func (l *EventLog) readHandshake(ctx context.Context, topic string, cursor int64
 	if hs.head, err = l.head(ctx, tx); err != nil || cursor < 0 || cursor >= hs.head {
 		return hs, err
 	}
+	if l.testHookHandshake != nil {
+		l.testHookHandshake()
+	}
+	hs.from = hs.head + 1
 	if limit > 0 {
-		if hs.replay, err = l.replayLatest(ctx, tx, topic, cursor, hs.head, limit); err != nil {
+		start, err := l.windowStart(ctx, tx, topics, cursor, hs.head, limit)
+		if err != nil {
 			return hs, err
 		}
+		hs.from = cursor + 1 // fewer than limit events: all of them
+		if start > 0 {
+			hs.from = start
+		}
 	}
-	before := hs.head + 1
-	if len(hs.replay) > 0 {
-		before = hs.replay[0].Sequence
-	}
-	if hs.skipped, err = l.span(ctx, tx, topic, cursor, before); err != nil {
+	if hs.skipped, err = l.span(ctx, tx, topics, cursor, hs.from); err != nil {
 		return hs, err
 	}
-	hs.watermark, err = l.watermark(ctx, tx, topic)
-	return hs, err
+	if hs.watermark, err = l.watermark(ctx, tx, topics); err != nil {
+		return hs, err
+	}
+	// Every event of the scope at or below the watermark is gone: W starts
+	// above it (a window of fewer than limit events starts at cursor+1).
+	hs.from = max(hs.from, hs.watermark+1)
+	return hs, nil
+}
+
+// readPage returns the oldest events of scope in (after, through], at most
+// maxEvents of them and no more once they hold maxBytes of payload (at least
+// one), and the scope's prune watermark read after them. Rows at or below
+// a head once read are never inserted later, only pruned, and retention
+// deletes a prefix of the log and raises the watermark in the same
+// transaction: so if the watermark is not above after, no event of the
+// scope in (after, through] was missing when the page was read, and the
+// page is every such event up to its last.
+func (l *EventLog) readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) (evs []Event, mark int64, err error) {
+	rows, err := l.db.QueryContext(ctx, scopeQuery(kindReplay, len(topics)), scopeArgs(topics, after, through, maxEvents)...)
+	if err != nil {
+		return nil, 0, err
+	}
+	size := 0
+	for size < maxBytes && rows.Next() {
+		ev, err := scanEvent(rows)
+		if err != nil {
+			rows.Close()
+			return nil, 0, err
+		}
+		evs = append(evs, ev)
+		size += len(ev.Payload)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	mark, err = l.watermark(ctx, l.db, topics)
+	return evs, mark, err
+}
+
+// page is what read returns: a scope's oldest events above a cursor, with
+// the head and the scope's watermark, read in one snapshot.
+type page struct {
+	events    []Event // ascending
+	more      bool    // more visible events existed above the last one
+	head      int64
+	watermark int64
+}
+
+// read returns, in one read transaction, the head, the scope's prune
+// watermark and its oldest events above after: at most limit of them, and
+// whether there were more. The poll handler answers from it; everything in
+// one answer describes the log at one moment, so a prune racing the read
+// cannot open a hole between the events and the watermark.
+func (l *EventLog) read(ctx context.Context, topics []string, after int64, limit int) (p page, err error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return p, err
+	}
+	defer func() {
+		if cerr := tx.Commit(); err == nil {
+			err = cerr
+		}
+	}()
+	if p.head, err = l.head(ctx, tx); err != nil {
+		return p, err
+	}
+	if p.watermark, err = l.watermark(ctx, tx, topics); err != nil || after >= p.head {
+		return p, err
+	}
+	p.events, err = l.replay(ctx, tx, topics, after, p.head, limit+1)
+	if len(p.events) > limit {
+		p.events, p.more = p.events[:limit], true
+	}
+	return p, err
 }
 
 func scanEvents(rows *sql.Rows, err error) ([]Event, error) {

@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -199,7 +201,7 @@ func ExampleEventHub_Handler() {
 	// text/event-stream; charset=utf-8
 	// id: 1
 	// event: hello
-	// data: {"topic":"room-1","cursor":1,"head":2}
+	// data: {"topic":"room-1","topics":["room-1"],"cursor":1,"head":2}
 	//
 	// id: 2
 	// event: message
@@ -277,4 +279,72 @@ func ExampleWithEventID() {
 	// Output:
 	// sequences: [1 1]
 	// stored events: 1
+}
+
+// Authorize decides who may see what, once per request and before anything
+// is read from the log. Here a session cookie names the user; a user may
+// see their own topic (user-42) and the rooms they belong to, but not the
+// global scope. Returning ErrUnauthenticated answers 401; any other error
+// 403. The error's text is never sent to the client.
+func ExampleOptions_authorize() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	sessions := map[string]string{"s3cr3t": "42"}         // session cookie -> user id
+	members := map[string][]string{"room-1": {"42", "7"}} // room -> user ids
+	hub, err := replayd.New(db, replayd.Options{
+		Authorize: func(r *http.Request, topics []string) error {
+			c, err := r.Cookie("session")
+			if err != nil {
+				return replayd.ErrUnauthenticated
+			}
+			user, ok := sessions[c.Value]
+			if !ok {
+				return fmt.Errorf("unknown session: %w", replayd.ErrUnauthenticated)
+			}
+			if len(topics) == 0 {
+				return errors.New("only the global scope's owner may see every topic")
+			}
+			for _, t := range topics {
+				if t != "user-"+user && !slices.Contains(members[t], user) {
+					return fmt.Errorf("user %s may not see %q", user, t)
+				}
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(hub.Handler())
+	defer srv.Close()
+	defer hub.Close() // runs first: ends open streams so srv.Close does not wait
+
+	try := func(query, session string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+query, nil)
+		if session != "" {
+			req.AddCookie(&http.Cookie{Name: "session", Value: session})
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer resp.Body.Close()
+		line, _ := bufio.NewReader(resp.Body).ReadString('\n') // a refusal's body, or the hello's id
+		fmt.Printf("%-28s %d %s\n", query, resp.StatusCode, strings.TrimSpace(line))
+	}
+	try("?topic=user-42", "")
+	try("?topic=user-42", "expired")
+	try("?topic=user-42&topic=room-1", "s3cr3t")
+	try("?topic=user-7", "s3cr3t")
+	try("?topic=room-1&topic=room-2", "s3cr3t")
+	try("", "s3cr3t")
+	// Output:
+	// ?topic=user-42               401 unauthorized
+	// ?topic=user-42               401 unauthorized
+	// ?topic=user-42&topic=room-1  200 id: 0
+	// ?topic=user-7                403 forbidden
+	// ?topic=room-1&topic=room-2   403 forbidden
+	//                              403 forbidden
 }

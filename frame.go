@@ -6,7 +6,7 @@ import (
 	"strconv"
 )
 
-// SSE frames (§4.3 of the spec). Every frame ends with a blank line; field
+// SSE frames (PROTOCOL.md describes them). Every frame ends with a blank line; field
 // values never hold CR or LF, because Publish rejects them in types and the
 // data is split into one "data:" line per payload line.
 
@@ -59,9 +59,10 @@ func appendRetry(b []byte, ms int64) []byte {
 
 // hello is the first frame of every stream; its id is the stream's cursor.
 type hello struct {
-	Topic  *string `json:"topic"` // null for a global connection
-	Cursor int64   `json:"cursor"`
-	Head   int64   `json:"head"`
+	Topic  *string  `json:"topic"`  // the single topic; null for none or several
+	Topics []string `json:"topics"` // in request order; [] for a global connection
+	Cursor int64    `json:"cursor"`
+	Head   int64    `json:"head"`
 }
 
 // Gap reasons.

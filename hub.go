@@ -77,7 +77,7 @@ type SSEOptions struct {
 	// Default 15s; negative: no heartbeats.
 	HeartbeatInterval time.Duration
 	// HeartbeatData, if set, is called for each heartbeat with the
-	// connection's topic ("" for a global connection). An object it returns
+	// connection's topic when it has exactly one, else "". An object it returns
 	// is merged into the heartbeat's data; any other non-nil value is sent
 	// under "data".
 	HeartbeatData func(topic string) any
@@ -213,19 +213,27 @@ type store interface {
 	readAfter(ctx context.Context, after int64, limit int) ([]Event, error)
 	// pruneWatermark is the highest sequence retention has deleted, any topic.
 	pruneWatermark(ctx context.Context) (int64, error)
-	readHandshake(ctx context.Context, topic string, cursor int64, limit int) (handshake, error)
+	readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (handshake, error)
+	// read reads a scope's oldest events above a cursor, with the head
+	// and the scope's watermark, in one snapshot (the poll handler's read).
+	read(ctx context.Context, topics []string, after int64, limit int) (page, error)
+	// readPage reads a page of a replay and the scope's watermark after it.
+	readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) ([]Event, int64, error)
 	// prune applies policy; lock is held around each write transaction.
 	prune(ctx context.Context, policy RetentionPolicy, lock func() func()) (int64, error)
+	// probeWrite takes and releases the write lock, writing nothing
+	// (Ready); called under writeMu.
+	probeWrite(ctx context.Context) error
 	// close releases what appendBatch holds open; called under writeMu.
 	close()
 }
 
 func (l *EventLog) latestSequence(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
 func (l *EventLog) readAfter(ctx context.Context, after int64, limit int) ([]Event, error) {
-	return l.replay(ctx, l.db, "", after, limit)
+	return l.replay(ctx, l.db, nil, after, maxSequence, limit)
 }
 func (l *EventLog) pruneWatermark(ctx context.Context) (int64, error) {
-	return l.watermark(ctx, l.db, "")
+	return l.watermark(ctx, l.db, nil)
 }
 
 // EventHub publishes events to the log and streams them to SSE clients and
@@ -249,6 +257,15 @@ type EventHub struct {
 	pubs chan *publishReq
 
 	live live
+
+	// conns counts open SSE streams and waiting long polls, against
+	// SSEOptions.MaxConnections (see acquireSlot).
+	conns atomic.Int64
+	// handshakes holds a slot for every SSE log read in progress (handshake
+	// and replay pages): fewer than the pool's connections, so a storm of
+	// connecting clients queues here and leaves the writer's connection and
+	// one for the live catch-up free.
+	handshakes chan struct{}
 
 	ctx    context.Context // cancelled by Close: ends tail and retention
 	cancel context.CancelFunc
@@ -277,6 +294,9 @@ type EventHub struct {
 	testHookAfterSubscribe, testHookBeforeLive func()
 	// testHookCommit, if set, is run by the writer before each batch's commit.
 	testHookCommit func()
+	// testHookReplayPage runs after each replay page is written, with the
+	// last sequence written.
+	testHookReplayPage func(last int64)
 }
 
 // New returns a hub over db, creating the schema if it is missing. The hub
@@ -301,17 +321,31 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 		done:    make(chan struct{}),
 		streams: make(map[*stream]struct{}),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := h.EnsureSchema(ctx); err != nil {
+	// No deadline for the schema: numbering the rows of an earlier
+	// version's log runs once and takes about 8s a million rows; each of
+	// its transactions waits for the write lock within the busy timeout.
+	if err := h.EnsureSchema(context.Background()); err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if h.file, err = newFileGuard(ctx, db); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
 	if h.live.pos, err = h.store.latestSequence(ctx); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
+	// The writer's connection is taken now, before any reader can queue
+	// for the pool, and kept (§2: a publish is never slowed by SSE clients).
+	if db.Stats().MaxOpenConnections != 1 {
+		h.writeMu.Lock()
+		err = log.reserveWriter(ctx)
+		h.writeMu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("replayd: new: %w", err)
+		}
+	}
+	h.handshakes = make(chan struct{}, handshakeSlots(db.Stats().MaxOpenConnections))
 	h.live.init()
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.writeCtx, h.writeCancel = context.WithCancel(context.Background())

@@ -304,37 +304,48 @@ func TestReplayScopes(t *testing.T) {
 func TestReplayQueryPlans(t *testing.T) {
 	db, _ := openTestDB(t)
 	newTestHub(t, db, Options{})
-	for name, q := range map[string]string{
-		"replay topic": qReplayTopic, "replay global": qReplayGlobal,
-		"latest topic": qLatestTopic, "latest global": qLatestGlobal,
-		"span topic": qSpanTopic, "span global": qSpanGlobal,
-	} {
-		rows, err := db.Query("EXPLAIN QUERY PLAN "+q, "a", 1, 10, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []string
-		for rows.Next() {
-			var id, parent, unused int
-			var detail string
-			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-				t.Fatal(err)
+	kinds := map[int]string{kindReplay: "replay", kindLatest: "latest", kindBoundary: "boundary", kindOrdinals: "ordinals", kindCount: "count"}
+	for _, n := range []int{0, 1, 2, 32} {
+		for kind, name := range kinds {
+			name := fmt.Sprintf("%s/%d topics", name, n)
+			topics := make([]string, n)
+			for i := range topics {
+				topics[i] = fmt.Sprintf("t%d", i)
 			}
-			plan = append(plan, detail)
-		}
-		rows.Close()
-		all := strings.Join(plan, " | ")
-		for _, bad := range []string{"TEMP B-TREE", "MULTI-INDEX OR", "SCAN events"} {
-			if strings.Contains(all, bad) {
-				t.Errorf("%s plan uses %s: %s", name, bad, all)
+			rows, err := db.Query("EXPLAIN QUERY PLAN "+scopeQuery(kind, n), scopeArgs(topics, 1, 100, 10)...)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
 			}
-		}
-		if strings.Contains(name, "topic") && strings.Count(all, "USING INDEX events_topic_sequence")+strings.Count(all, "USING COVERING INDEX events_topic_sequence") != 2 {
-			t.Errorf("%s plan is not two index range scans: %s", name, all)
-		}
-		if strings.HasPrefix(name, "replay topic") || strings.HasPrefix(name, "latest topic") {
-			if !strings.Contains(all, "MERGE (UNION ALL)") {
-				t.Errorf("%s plan does not merge: %s", name, all)
+			var plan []string
+			for rows.Next() {
+				var id, parent, unused int
+				var detail string
+				if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, detail)
+			}
+			rows.Close()
+			all := strings.Join(plan, " | ")
+			for _, bad := range []string{"TEMP B-TREE", "MULTI-INDEX OR", "SCAN events"} {
+				if strings.Contains(all, bad) {
+					t.Errorf("%s plan uses %s: %s", name, bad, all)
+				}
+			}
+			if n == 0 {
+				continue
+			}
+			scans := n + 1
+			if kind == kindOrdinals {
+				scans = 2 * (n + 1)
+			}
+			if got := strings.Count(all, "USING INDEX events_topic_sequence_ordinal") + strings.Count(all, "USING COVERING INDEX events_topic_sequence_ordinal"); got != scans {
+				t.Errorf("%s plan is %d index range scans, want %d: %s", name, got, scans, all)
+			}
+			if kind == kindReplay || kind == kindLatest || kind == kindBoundary {
+				if !strings.Contains(all, "MERGE (UNION ALL)") {
+					t.Errorf("%s plan does not merge: %s", name, all)
+				}
 			}
 		}
 	}

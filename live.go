@@ -15,13 +15,26 @@ type live struct {
 	// mu orders deliveries and guards pos. User callbacks run under it.
 	mu  sync.Mutex
 	pos int64 // the highest sequence delivered live
+	// newestAt is the CreatedAt of the newest row dispatched: the tail
+	// resets it before a poll and reads its lag from it after.
+	newestAt time.Time
 
 	// subsMu guards the subscriber sets. A subscriber registered under it
 	// gets every row dispatched after that moment; every row dispatched
 	// before was committed before, so a head read afterwards covers it.
 	subsMu  sync.Mutex
-	byTopic map[string]map[*stream]struct{} // "" = global connections
-	funcs   []*funcSub                      // copy on write
+	byTopic map[string]map[*stream]struct{}     // "" = global connections
+	funcs   []*funcSub                          // copy on write
+	waiters map[string]map[*pollWaiter]struct{} // waiting long polls; "" = global
+}
+
+// pollWaiter is a long poll waiting for an event of its scope. dispatch
+// wakes it at most once per registration: it is unregistered as it is
+// woken, and registers again before its next read of the log.
+type pollWaiter struct {
+	topics []string
+	wake   chan struct{} // capacity 1; sent to by dispatch, read by the poll
+	armed  bool          // registered; guarded by live.subsMu
 }
 
 type funcSub struct {
@@ -70,6 +83,65 @@ type liveEvent struct {
 
 func (l *live) init() {
 	l.byTopic = make(map[string]map[*stream]struct{})
+	l.waiters = make(map[string]map[*pollWaiter]struct{})
+}
+
+// addWaiter registers w: the next row of its scope dispatched wakes it.
+func (l *live) addWaiter(w *pollWaiter) {
+	l.subsMu.Lock()
+	defer l.subsMu.Unlock()
+	if w.armed {
+		return
+	}
+	w.armed = true
+	for _, topic := range waiterKeys(w) {
+		set := l.waiters[topic]
+		if set == nil {
+			set = make(map[*pollWaiter]struct{})
+			l.waiters[topic] = set
+		}
+		set[w] = struct{}{}
+	}
+}
+
+// removeWaiter unregisters w if it is registered.
+func (l *live) removeWaiter(w *pollWaiter) {
+	l.subsMu.Lock()
+	defer l.subsMu.Unlock()
+	l.disarmLocked(w)
+}
+
+func (l *live) disarmLocked(w *pollWaiter) {
+	if !w.armed {
+		return
+	}
+	w.armed = false
+	for _, topic := range waiterKeys(w) {
+		set := l.waiters[topic]
+		delete(set, w)
+		if len(set) == 0 {
+			delete(l.waiters, topic)
+		}
+	}
+}
+
+// wakeLocked wakes, and unregisters, every waiter of set. The caller
+// holds subsMu.
+func (l *live) wakeLocked(set map[*pollWaiter]struct{}) {
+	for w := range set {
+		l.disarmLocked(w)
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func waiterKeys(w *pollWaiter) []string {
+	if len(w.topics) == 0 {
+		return globalKey
+	}
+	return w.topics
 }
 
 func (l *live) subscribeFunc(fn func(Event)) func() { return l.subscribe(fn, nil) }
@@ -102,28 +174,44 @@ func (l *live) subscribe(fn func(Event), gap func(Gap)) func() {
 func (l *live) hasSubscribers() bool {
 	l.subsMu.Lock()
 	defer l.subsMu.Unlock()
-	return len(l.byTopic) > 0 || len(l.funcs) > 0
+	return len(l.byTopic) > 0 || len(l.funcs) > 0 || len(l.waiters) > 0
 }
 
+// addStream registers s under each of its topics, or as a global stream.
 func (l *live) addStream(s *stream) {
 	l.subsMu.Lock()
 	defer l.subsMu.Unlock()
-	set := l.byTopic[s.topic]
-	if set == nil {
-		set = make(map[*stream]struct{})
-		l.byTopic[s.topic] = set
+	for _, topic := range streamKeys(s) {
+		set := l.byTopic[topic]
+		if set == nil {
+			set = make(map[*stream]struct{})
+			l.byTopic[topic] = set
+		}
+		set[s] = struct{}{}
 	}
-	set[s] = struct{}{}
 }
 
 func (l *live) removeStream(s *stream) {
 	l.subsMu.Lock()
 	defer l.subsMu.Unlock()
-	set := l.byTopic[s.topic]
-	delete(set, s)
-	if len(set) == 0 {
-		delete(l.byTopic, s.topic)
+	for _, topic := range streamKeys(s) {
+		set := l.byTopic[topic]
+		delete(set, s)
+		if len(set) == 0 {
+			delete(l.byTopic, topic)
+		}
 	}
+}
+
+// globalKey is the byTopic key of global streams.
+var globalKey = []string{""}
+
+// streamKeys returns the byTopic keys s is registered under.
+func streamKeys(s *stream) []string {
+	if len(s.topics) == 0 {
+		return globalKey
+	}
+	return s.topics
 }
 
 // dispatch hands rows above the live position to every subscriber and
@@ -136,6 +224,7 @@ func (l *live) dispatch(rows []Event) {
 		return
 	}
 	l.pos = rows[len(rows)-1].Sequence
+	l.newestAt = rows[len(rows)-1].CreatedAt
 	l.subsMu.Lock()
 	for i := range rows {
 		ev := &rows[i]
@@ -147,6 +236,16 @@ func (l *live) dispatch(rows []Event) {
 		} else {
 			le = pushAll(l.byTopic[ev.Topic], ev, le)
 			pushAll(l.byTopic[""], ev, le)
+		}
+		if len(l.waiters) > 0 {
+			if ev.Topic == "" {
+				for _, set := range l.waiters {
+					l.wakeLocked(set)
+				}
+			} else {
+				l.wakeLocked(l.waiters[ev.Topic])
+				l.wakeLocked(l.waiters[""])
+			}
 		}
 	}
 	funcs := l.funcs
@@ -161,9 +260,15 @@ func (l *live) dispatch(rows []Event) {
 }
 
 // pushAll queues ev on every stream of set, encoding its frame (le) on first
-// use, and returns le.
+// use, and returns le. A stream registered under several topics meets a
+// broadcast in several sets: it is queued only the first time, since rows
+// are dispatched in sequence order. The caller holds subsMu.
 func pushAll(set map[*stream]struct{}, ev *Event, le *liveEvent) *liveEvent {
 	for s := range set {
+		if s.lastPushed >= ev.Sequence {
+			continue
+		}
+		s.lastPushed = ev.Sequence
 		if le == nil {
 			le = &liveEvent{Event: *ev, frame: appendEventFrame(nil, *ev)}
 		}
@@ -231,6 +336,7 @@ func (h *EventHub) deliver(after int64, rows []Event) {
 		}
 	}
 	h.live.dispatch(rows)
+	h.metrics.flushLiveFrames()
 }
 
 // catchUp reads at most limit rows above the live position, stopping at
@@ -271,6 +377,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		rows = rows[:len(rows)-1]
 	}
 	h.live.dispatch(rows)
+	h.metrics.flushLiveFrames()
 	if (n < limit || reached) && h.live.pos < through {
 		h.live.pos = through // nothing else is committed up to through
 	}

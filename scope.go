@@ -7,8 +7,12 @@ import (
 )
 
 // parseTopics returns the scope a request names with the param query
-// parameter: its values trimmed, blanks dropped, each topic once, in the
-// order first given. None left is the global scope (nil).
+// parameter: its values trimmed, blanks dropped, each topic once, in
+// the order first given. None left is the global scope (nil). An invalid
+// topic, or more than maxTopics distinct ones, is an error wrapping
+// ErrInvalid. The query must come from url.ParseQuery with its error
+// checked: url.Values from a query that does not parse lacks the malformed
+// pairs, and a dropped topic would widen the scope.
 func parseTopics(query url.Values, param string, maxTopics int) ([]string, error) {
 	var topics []string
 	for _, v := range query[param] {
@@ -19,14 +23,10 @@ func parseTopics(query url.Values, param string, maxTopics int) ([]string, error
 		if err := validateTopic(t); err != nil {
 			return nil, err
 		}
+		if len(topics) == maxTopics {
+			return nil, invalidf("more than %d topics", maxTopics)
+		}
 		topics = append(topics, t)
-	}
-	if len(topics) > 1 {
-		// TODO(scope): several topics per stream.
-		return nil, invalidf("several topics per connection are not supported yet")
-	}
-	if len(topics) > maxTopics {
-		return nil, invalidf("more than %d topics", maxTopics)
 	}
 	return topics, nil
 }

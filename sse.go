@@ -22,42 +22,39 @@ type sseHandler EventHub
 
 func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := (*EventHub)(sh)
-	o := &h.opts.SSE
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 	case http.MethodOptions:
-		h.preflight(w, r)
+		h.preflight(w, r, "GET, HEAD, OPTIONS")
 		return
 	default:
 		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	if !h.allowOrigin(w, r) {
-		h.metrics.refused(refusedOrigin)
-		http.Error(w, "origin not allowed", http.StatusForbidden)
+	query, topics, release, ok := h.admit(w, r, transportSSE)
+	if !ok {
 		return
 	}
-	query := r.URL.Query()
-	topics, err := parseTopics(query, o.TopicParam, o.MaxTopics)
-	if err != nil {
-		h.metrics.refused(refusedBadRequest)
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
+	defer func() { release() }() // a detached stream takes it over (startStream)
 	rawCursor := r.Header.Get("Last-Event-ID")
 	if rawCursor == "" {
 		rawCursor = query.Get("lastEventId")
 	}
-	hdr := w.Header()
-	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
-	hdr.Set("Cache-Control", "no-cache, no-transform")
-	hdr.Set("X-Accel-Buffering", "no")
+	setStreamHeaders(w)
 	if r.Method == http.MethodHead {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	h.startStream(w, r, topics, rawCursor)
+	h.startStream(w, r, topics, rawCursor, &release)
+}
+
+// setStreamHeaders sets the headers of an SSE response (§4.3).
+func setStreamHeaders(w http.ResponseWriter) {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
+	hdr.Set("Cache-Control", "no-cache, no-transform")
+	hdr.Set("X-Accel-Buffering", "no")
 }
 
 // allowOrigin applies the origin policy of §4.2, setting the CORS response
@@ -92,8 +89,8 @@ func (h *EventHub) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
 // preflight answers OPTIONS: a CORS preflight from an allowed origin gets
 // 204 allowing GET with Last-Event-ID and Cache-Control; any other origin
 // 403. An OPTIONS without Origin is not a preflight and just lists methods.
-func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Allow", "GET, HEAD, OPTIONS")
+func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
 	if r.Header.Get("Origin") != "" {
 		if !h.allowOrigin(w, r) {
 			http.Error(w, "origin not allowed", http.StatusForbidden)
@@ -124,16 +121,16 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 			http.StatusInternalServerError)
 		return
 	}
-	topic := "" // TODO(scope): several topics per stream
-	if len(topics) > 0 {
+	topic := "" // the single topic, for the hello and HeartbeatData
+	if len(topics) == 1 {
 		topic = topics[0]
 	}
 	s := &stream{
-		m:     &h.metrics,
-		topic: topic,
-		rc:    http.NewResponseController(w),
-		max:   o.MaxBufferedBytes,
-		wake:  make(chan struct{}, 1),
+		m:      &h.metrics,
+		topics: topics,
+		rc:     http.NewResponseController(w),
+		max:    o.MaxBufferedBytes,
+		wake:   make(chan struct{}, 1),
 	}
 	if !h.addStream(s) {
 		endEarly(w, "server is shutting down")
@@ -165,10 +162,13 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		readFrom = cursor
 	}
 	ctx := r.Context()
-	hs, err := h.readHandshake(ctx, topic, readFrom)
+	hs, err := h.readHandshake(ctx, topics, readFrom)
 	if err != nil {
-		if ctx.Err() == nil {
-			h.logger.Error("replayd: read the log for a new stream", "topic", topic, "err", err)
+		switch {
+		case errors.Is(err, ErrClosed):
+			endEarly(w, "server is shutting down")
+		case ctx.Err() == nil:
+			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "remote", r.RemoteAddr, "err", err)
 			endEarly(w, "event log unavailable")
 		}
 		return
@@ -177,12 +177,14 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	if g != nil {
 		h.metrics.gap(g.Reason)
 	}
-	h.metrics.replayed(transportSSE, len(hs.replay))
 	if readFrom < 0 || cursor > hs.head {
 		cursor = hs.head // fresh, or treated as fresh
 	}
 
-	hi := hello{Cursor: cursor, Head: hs.head}
+	hi := hello{Topics: topics, Cursor: cursor, Head: hs.head}
+	if hi.Topics == nil {
+		hi.Topics = []string{}
+	}
 	if topic != "" {
 		hi.Topic = &topic
 	}
@@ -194,11 +196,16 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		if g != nil {
 			b = appendFrame(b, o.GapEventType, mustJSON(g))
 		}
-		for _, ev := range hs.replay {
-			b = appendEventFrame(b, ev)
-		}
 		return b
 	}) {
+		return
+	}
+	replayed, ok := 0, true
+	if cursor < hs.head {
+		replayed, ok = h.replay(ctx, w, s, topics, hs)
+	}
+	h.metrics.replayed(transportSSE, replayed)
+	if !ok {
 		return
 	}
 	if h.testHookBeforeLive != nil {
@@ -284,18 +291,92 @@ func canFlush(w http.ResponseWriter) bool {
 	}
 }
 
+// Replay pages: a replay is read and written a page at a time, so a
+// connection in replay holds one page (or one event larger than that) on
+// top of its live queue.
+const (
+	replayPageEvents = 64
+	replayPageBytes  = 64 << 10
+)
+
+// replay writes the window W of hs, the scope's events in [hs.from,
+// hs.head], page by page, each read under a handshake slot and written
+// under the usual write deadline. If retention pruned anything of the
+// scope above the last event written, the page just read may lack rows:
+// the stream ends instead, and the client's reconnect gets a pruned gap.
+// It returns how many events it wrote, and false if the stream must end.
+func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs handshake) (n int, ok bool) {
+	for after := hs.from - 1; after < hs.head; {
+		if !h.acquireRead(ctx) {
+			return n, false
+		}
+		var (
+			page []Event
+			mark int64
+			err  error
+		)
+		offStack(func() {
+			page, mark, err = h.store.readPage(ctx, topics, after, hs.head, replayPageEvents, replayPageBytes)
+		})
+		h.releaseRead()
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)
+			}
+			return n, false
+		case mark > after:
+			h.logger.Warn("replayd: rows pruned during a replay; ending the stream so it resumes with a gap",
+				"topics", topics, "after", after, "watermark", mark)
+			return n, false
+		case len(page) == 0:
+			return n, true
+		}
+		ok := s.send(w, func(b []byte) []byte {
+			for _, ev := range page {
+				b = appendEventFrame(b, ev)
+			}
+			return b
+		})
+		if !ok {
+			return n, false
+		}
+		n += len(page)
+		after = page[len(page)-1].Sequence
+		if h.testHookReplayPage != nil {
+			h.testHookReplayPage(after)
+		}
+	}
+	return n, true
+}
+
 // readHandshake reads what a new stream needs from the log on a goroutine
 // of its own: SQLite's code grows the stack that runs it, and a handler's
 // stack stays that size for as long as the connection is open (measured:
 // 38.5 against 30.6 KiB per idle connection).
-func (h *EventHub) readHandshake(ctx context.Context, topic string, cursor int64) (hs handshake, err error) {
+func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs handshake, err error) {
+	if !h.acquireRead(ctx) {
+		if ctx.Err() != nil {
+			return hs, ctx.Err()
+		}
+		return hs, ErrClosed
+	}
+	defer h.releaseRead()
+	offStack(func() {
+		hs, err = h.store.readHandshake(ctx, topics, cursor, h.opts.SSE.ReplayLimit)
+	})
+	return hs, err
+}
+
+// offStack runs fn on a short-lived goroutine and waits for it, so that the
+// stack SQLite grows is not the caller's (see readHandshake).
+func offStack(fn func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		hs, err = h.store.readHandshake(ctx, topic, cursor, h.opts.SSE.ReplayLimit)
+		fn()
 	}()
 	<-done
-	return hs, err
 }
 
 // endEarly ends a stream before its hello: a 200 with only a comment, so an
@@ -368,11 +449,17 @@ func (h *EventHub) removeStream(s *stream) {
 // it without ever waiting; the handler goroutine drains it into one write
 // and one flush.
 type stream struct {
-	m     *metrics
-	topic string
-	rc    *http.ResponseController
-	max   int           // cap on queued bytes; negative: none
-	wake  chan struct{} // signalled when the queue gains frames or s dies
+	m      *metrics
+	topics []string // the scope; none: global
+	rc     *http.ResponseController
+
+	// lastPushed is the sequence pushed last, so that an event matching
+	// several of the stream's subscriptions is queued once. Guarded by the
+	// hub's live.subsMu.
+	lastPushed int64
+
+	max  int           // cap on queued bytes; negative: none
+	wake chan struct{} // signalled when the queue gains frames or s dies
 
 	mu       sync.Mutex // guards the fields below
 	queue    []*liveEvent
@@ -508,3 +595,29 @@ func (s *stream) killLocked() {
 	default:
 	}
 }
+
+// handshakeSlots is how many SSE log reads may run at once on a pool of
+// poolSize connections (0: unlimited): two fewer than the pool, one
+// reserved by the writer and one left for the live catch-up and the tail,
+// and at least one. A pool of one (":memory:") serialises everything
+// anyway; one slot keeps at most one handshake ahead of a publish there.
+func handshakeSlots(poolSize int) int {
+	if poolSize <= 0 {
+		return 8
+	}
+	return max(poolSize-2, 1)
+}
+
+// acquireRead takes a handshake slot; false if ctx ends or the hub closes
+// first. Release it with releaseRead.
+func (h *EventHub) acquireRead(ctx context.Context) bool {
+	select {
+	case h.handshakes <- struct{}{}:
+		return true
+	case <-ctx.Done():
+	case <-h.done:
+	}
+	return false
+}
+
+func (h *EventHub) releaseRead() { <-h.handshakes }

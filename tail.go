@@ -54,6 +54,7 @@ func (h *EventHub) StartTail(interval time.Duration, opts TailOptions) (stop fun
 		once.Do(func() {
 			cancel()
 			<-exited
+			h.metrics.tailLag(0)
 			h.mu.Lock()
 			h.tailing = false
 			h.mu.Unlock()
@@ -116,10 +117,17 @@ func (h *EventHub) poll(ctx context.Context) (int, error) {
 	}
 	switch {
 	case head <= h.live.pos:
+		h.metrics.tailLag(0)
 		return 0, nil
 	case !h.live.hasSubscribers():
 		h.live.pos = head // see deliver
+		h.metrics.tailLag(0)
 		return 0, nil
 	}
-	return h.catchUp(head, catchUpPage)
+	h.live.newestAt = time.Time{}
+	n, err := h.catchUp(head, catchUpPage)
+	if !h.live.newestAt.IsZero() {
+		h.metrics.tailLag(time.Since(h.live.newestAt))
+	}
+	return n, err
 }

@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 )
 
-// Limits on what Publish accepts (§2 of the spec).
+// Limits on what Publish accepts (see Publish).
 const (
 	maxNameLen    = 256     // bytes, for topics, event types and event ids
 	maxPayloadLen = 1 << 20 // bytes, encoded

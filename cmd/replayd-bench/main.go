@@ -44,6 +44,7 @@ func main() {
 
 // config is the size of every phase.
 type config struct {
+	extra         extraConfig   // the multitopic and poll phases (extra.go)
 	PublishDur    time.Duration // per publish-throughput measurement
 	Publishers    []int         // concurrent publishers
 	FanoutClients []int         // clients per fan-out measurement
@@ -123,6 +124,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return fmt.Errorf("unknown size %q", *size)
 	}
+	cfg.extra = extraSizes[*size]
 	if *conns > 0 {
 		cfg.C100k.Conns = *conns
 	}
@@ -175,6 +177,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func (b *bench) phase(ctx context.Context, name string) error {
+	if fn := extraPhases[name]; fn != nil {
+		return fn(b, ctx)
+	}
 	switch name {
 	case "publish":
 		return b.publishPhase(ctx)

@@ -40,6 +40,7 @@ func TestHarnessTiny(t *testing.T) {
 			t.Errorf("table lacks %q", want)
 		}
 	}
+	checkExtraRows(t, out.String())
 	if strings.Contains(out.String(), "error:") {
 		t.Errorf("a measurement failed:\n%s", out.String())
 	}

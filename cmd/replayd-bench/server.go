@@ -117,6 +117,7 @@ func runServer(cfg serverConfig, stdin io.Reader, stdout io.Writer) error {
 	mux.HandleFunc("/ctl/rawinsert", s.handleRawInsert)
 	mux.HandleFunc("/ctl/tail", s.handleTail)
 	mux.Handle("/ctl/heap", pprof.Handler("heap")) // ?gc=1 collects first
+	s.registerExtra(mux)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

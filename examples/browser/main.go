@@ -4,9 +4,10 @@
 // connection, and a visible notice when a gap arrives, after which the page
 // re-syncs from a snapshot endpoint.
 //
-// Run it with
+// It is a module of its own, so that the replayd module does not depend on
+// Prometheus. Run it with
 //
-//	go run ./examples/browser
+//	cd examples/browser && go run .
 //
 // and open http://127.0.0.1:8080/ (-addr changes the address). A background
 // publisher writes an event about every second on a few topics, and now
@@ -16,12 +17,16 @@
 // Endpoints:
 //
 //	GET  /                     the page (index.html, embedded)
-//	GET  /events?topic=T       the replayd SSE endpoint; the page adds client=ID
-//	GET  /snapshot?topic=T     recent events visible to T and the cursor to resume from
+//	GET  /events?topic=T…      the replayd SSE endpoint, on one or several topics
+//	                           (repeat topic; none: every topic); the page adds client=ID
+//	GET  /snapshot?topic=T…    recent events visible to those topics and the cursor
+//	                           to resume from
 //	POST /drop?client=ID[&away=10s]
 //	                           end that page's stream server side; with away, hold
 //	                           its reconnects that long, so it misses events
 //	GET  /stats                the hub's Stats: head and connections per topic
+//	GET  /metrics              the hub's metrics for Prometheus (replaydprom)
+//	GET  /readyz               the hub's readiness: 200 "ok" or 503
 package main
 
 import (
@@ -32,16 +37,22 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/replaydprom"
 )
 
 //go:embed index.html
@@ -113,6 +124,12 @@ func run(ctx context.Context, logger *slog.Logger, addr, dbPath string, every ti
 	mux.HandleFunc("GET /snapshot", d.snapshot)
 	mux.HandleFunc("POST /drop", d.drop)
 	mux.HandleFunc("GET /stats", d.stats)
+	reg := prometheus.NewRegistry()
+	if err := replaydprom.Register(reg, hub); err != nil {
+		return err
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /readyz", hub.ReadyHandler())
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -288,9 +305,9 @@ func (d *demo) drop(w http.ResponseWriter, r *http.Request) {
 }
 
 // snapshotResponse is what a page re-syncs from: the newest events visible
-// to the topic, and the cursor to reopen its EventSource at.
+// to its topics, and the cursor to reopen its EventSource at.
 type snapshotResponse struct {
-	Topic  string          `json:"topic"`
+	Topics []string        `json:"topics"` // [] for every topic
 	Cursor int64           `json:"cursor"` // reopen with ?lastEventId=cursor
 	Events []snapshotEvent `json:"events"` // ascending, all at or below cursor
 }
@@ -301,24 +318,54 @@ type snapshotEvent struct {
 	Data json.RawMessage `json:"data"`
 }
 
-// snapshot answers GET /snapshot?topic=T. The head is read first and the
-// events are cut at it, so a stream reopened at the head neither repeats
-// nor skips an event.
+// snapshot answers GET /snapshot?topic=T1&topic=T2…: the newest events of
+// those topics and broadcasts (every event without a topic). The head is
+// read first and the events are cut at it, so a stream reopened at the head
+// neither repeats nor skips an event.
 func (d *demo) snapshot(w http.ResponseWriter, r *http.Request) {
-	topic := r.URL.Query().Get("topic")
+	var scope []string
+	for _, t := range r.URL.Query()["topic"] {
+		if t = strings.TrimSpace(t); t != "" && !slices.Contains(scope, t) {
+			scope = append(scope, t)
+		}
+	}
+	if len(scope) > len(topics) {
+		http.Error(w, "too many topics", http.StatusBadRequest)
+		return
+	}
 	head, err := d.hub.LatestSequence(r.Context())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	evs, err := d.hub.Log().ReplayLatest(r.Context(), topic, 0, snapshotSize)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
+	// One read per topic (each holds its topic's events and broadcasts),
+	// merged by sequence without repeats, newest snapshotSize kept.
+	bySeq := map[int64]replayd.Event{}
+	for _, topic := range scope {
+		evs, err := d.hub.Log().ReplayLatest(r.Context(), topic, 0, snapshotSize)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for _, ev := range evs {
+			bySeq[ev.Sequence] = ev
+		}
 	}
-	resp := snapshotResponse{Topic: topic, Cursor: head, Events: []snapshotEvent{}}
-	for _, ev := range evs {
-		if ev.Sequence <= head {
+	if len(scope) == 0 {
+		evs, err := d.hub.Log().ReplayLatest(r.Context(), "", 0, snapshotSize)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		for _, ev := range evs {
+			bySeq[ev.Sequence] = ev
+		}
+	}
+	seqs := slices.Sorted(maps.Keys(bySeq))
+	seqs = seqs[max(0, len(seqs)-snapshotSize):]
+	resp := snapshotResponse{Topics: append([]string{}, scope...), Cursor: head, Events: []snapshotEvent{}}
+	for _, seq := range seqs {
+		if ev := bySeq[seq]; seq <= head {
 			resp.Events = append(resp.Events, snapshotEvent{ID: ev.Sequence, Type: ev.Type, Data: ev.Payload})
 		}
 	}

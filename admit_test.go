@@ -1,0 +1,624 @@
+package replayd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Request admission (SPEC §9, §10) over real HTTP: strict topic parsing,
+// the connection cap and its overload answer, and Options.Authorize.
+
+// get sends a GET and returns its status and body, read whole: it fails
+// the test on a transport error or an answer that does not end within
+// waitFor (a stream served where a refusal was due).
+func get(t testing.TB, u string, header http.Header) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: status %d, read the body: %v", u, resp.StatusCode, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+func TestParseTopics(t *testing.T) {
+	cases := []struct {
+		query string
+		max   int
+		want  []string // nil: global
+		err   bool
+	}{
+		{"", 32, nil, false},
+		{"topic=", 32, nil, false},
+		{"topic=%20%20&topic=", 32, nil, false},
+		{"topic=&topic=a", 32, []string{"a"}, false},
+		{"topic=a&topic=a", 32, []string{"a"}, false},
+		{"topic=%20a&topic=a%20&topic=b&topic=a", 32, []string{"a", "b"}, false},
+		{"topic=b&topic=a&topic=c&topic=b", 32, []string{"b", "a", "c"}, false},
+		{"topic=a&topic=b&topic=a&topic=b", 2, []string{"a", "b"}, false},
+		{"topic=a&topic=b&topic=c", 2, nil, true},
+		{"topic=a&topic=%00", 32, nil, true},
+		{"topic=" + strings.Repeat("x", 257), 32, nil, true},
+		{"other=x&topic=a", 32, []string{"a"}, false},
+	}
+	for _, tc := range cases {
+		q, err := url.ParseQuery(tc.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := parseTopics(q, "topic", tc.max)
+		if (err != nil) != tc.err || !slices.Equal(got, tc.want) {
+			t.Errorf("%q (max %d): %q, %v; want %q, error %v", tc.query, tc.max, got, err, tc.want, tc.err)
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("%q: error %v does not wrap ErrInvalid", tc.query, err)
+		}
+	}
+}
+
+// A request naming a huge number of topics is refused after MaxTopics+1 of
+// them, not after comparing every value with every other one (quadratic:
+// 200,000 values took minutes).
+func TestParseTopicsManyValues(t *testing.T) {
+	vals := make([]string, 200_000)
+	for i := range vals {
+		vals[i] = "t" + strconv.Itoa(i)
+	}
+	start := time.Now()
+	if _, err := parseTopics(url.Values{"topic": vals}, "topic", 32); err == nil {
+		t.Fatal("200,000 topics accepted")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("refusing 200,000 topics took %v", d)
+	}
+}
+
+// A query that does not parse is refused: net/url drops a malformed pair,
+// so "?topic=a;b" would otherwise be served as a global stream of every
+// topic (issue 8, item 6).
+func TestSSETopicQueryStrict(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{SSE: SSEOptions{MaxTopics: 3}})
+	srv := serve(t, h)
+	mustPublish(t, h, "a;b", "a topic Publish accepts")
+	mustPublish(t, h, "other", "invisible to a;b")
+	for _, q := range []string{"?topic=a;b", "?topic=a%3Bb;x=1", "?topic=a&x=%zz", "?%zz&topic=a", "?topic=a&topic=b&topic=c&topic=d"} {
+		status, body := get(t, srv.URL+q, lastID(0))
+		if status != http.StatusBadRequest {
+			t.Errorf("%s: status %d, body %q; want 400", q, status, body)
+		}
+	}
+	if h.Clients().Total() != 0 || len(h.Clients().Snapshot()) != 0 {
+		t.Fatalf("a refused request reached the tracker: %+v", h.Clients().Snapshot())
+	}
+
+	// The topic, escaped, is served as itself.
+	c := dial(t, srv.URL+"?topic="+url.QueryEscape("a;b"), lastID(0))
+	if _, topic, _, _ := c.hello(); topic == nil || *topic != "a;b" {
+		t.Fatalf("topic %v, want a;b", topic)
+	}
+	if f := c.next(); f.ID != "1" {
+		t.Fatalf("got %+v, want the event of a;b", f)
+	}
+	c.Close()
+
+	// Blank values are ignored and repeats count once.
+	for _, q := range []string{"?topic=&topic=a", "?topic=a&topic=a", "?topic=%20a%20&topic=a&topic="} {
+		c := dial(t, srv.URL+q, nil)
+		if _, topic, _, _ := c.hello(); topic == nil || *topic != "a" {
+			t.Errorf("%s: topic %v, want a", q, topic)
+		}
+		c.Close()
+	}
+	// MaxTopics distinct topics, repeated, are within the limit.
+	c = dial(t, srv.URL+"?topic=a&topic=b&topic=c&topic=a&topic=b", nil)
+	c.hello()
+}
+
+// dialAdmitted opens a stream and reports whether it was served (its first
+// frame is the hello) or refused by the overload answer, whose retry it
+// returns. The overload answer must hold only the retry and end.
+func dialAdmitted(t testing.TB, u string) (c *sseClient, served bool, retryMs int64) {
+	t.Helper()
+	c = dial(t, u, nil)
+	f := c.nextNonHeartbeat()
+	if f.Event == "hello" {
+		return c, true, 0
+	}
+	if f.Retry == "" || f.Event != "" || f.Data != "" || f.HasID {
+		t.Fatalf("first frame %+v: neither a hello nor the overload answer", f)
+	}
+	ms, err := strconv.ParseInt(f.Retry, 10, 64)
+	if err != nil {
+		t.Fatalf("retry %q: %v", f.Retry, err)
+	}
+	if g, err := c.nextErr(waitFor); !errors.Is(err, io.EOF) {
+		t.Fatalf("the overload answer went on with %+v, %v", g, err)
+	}
+	c.Close()
+	return nil, false, ms
+}
+
+// The cap is exact under concurrent connects: never more than
+// MaxConnections streams served at once, every other request refused with
+// only a jittered retry, nothing read or subscribed for a refusal, and a
+// freed slot lets the next client in.
+func TestSSEConnectionCap(t *testing.T) {
+	const limit, clients = 3, 40
+	const retry = 100 * time.Millisecond
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{SSE: SSEOptions{MaxConnections: limit, OverloadRetry: retry}})
+	var subscribed, over atomic.Int64
+	h.testHookAfterSubscribe = func() {
+		subscribed.Add(1)
+		if n := h.Clients().Total(); n > limit {
+			over.Store(int64(n))
+		}
+	}
+	srv := serve(t, h)
+
+	// Concurrent connects: exactly limit are served.
+	type result struct {
+		c      *sseClient
+		served bool
+		retry  int64
+	}
+	results := make(chan result, clients)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			c, served, ms := dialAdmitted(t, srv.URL+"?topic=a")
+			results <- result{c, served, ms}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(results)
+	var served []*sseClient
+	retries := map[int64]bool{}
+	for r := range results {
+		if r.served {
+			served = append(served, r.c)
+			continue
+		}
+		if r.retry < retry.Milliseconds() || r.retry > 2*retry.Milliseconds() {
+			t.Errorf("retry %d ms outside [%d, %d]", r.retry, retry.Milliseconds(), 2*retry.Milliseconds())
+		}
+		retries[r.retry] = true
+	}
+	if len(served) != limit {
+		t.Fatalf("%d of %d concurrent clients served, want exactly %d", len(served), clients, limit)
+	}
+	if len(retries) < 2 {
+		t.Errorf("%d refusals all got the same retry %v: no jitter", clients-limit, retries)
+	}
+	if got := subscribed.Load(); got != limit {
+		t.Fatalf("%d streams subscribed, want %d: a refusal must not subscribe or read", got, limit)
+	}
+	if got := h.metrics.refusedOverload.Load(); got != clients-limit {
+		t.Errorf("refused(overload) counted %d, want %d", got, clients-limit)
+	}
+
+	// The served streams work; a freed slot lets the next client in.
+	ev := mustPublish(t, h, "a", "live")
+	for _, c := range served {
+		if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
+			t.Fatalf("served client got %+v", f)
+		}
+	}
+	if _, ok, _ := dialAdmitted(t, srv.URL); ok {
+		t.Fatal("served past the cap")
+	}
+	served[0].Close()
+	waitUntil(t, "the closed stream to free its slot", func() bool { return h.conns.Load() == limit-1 })
+	c, ok, _ := dialAdmitted(t, srv.URL)
+	if !ok {
+		t.Fatal("a freed slot did not let the next client in")
+	}
+	c.Close()
+
+	// Churn: connects and disconnects from many goroutines; the cap holds
+	// at every admission.
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 15 {
+				c, ok, _ := dialAdmitted(t, srv.URL+"?topic=t"+strconv.Itoa((g+i)%4))
+				if ok {
+					c.Close()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := over.Load(); n != 0 {
+		t.Fatalf("%d streams served at once, cap %d", n, limit)
+	}
+	for _, c := range served[1:] {
+		c.Close()
+	}
+	waitUntil(t, "every slot to be freed", func() bool { return h.conns.Load() == 0 })
+}
+
+// The poll transport's overload answer: 503 with Retry-After in whole
+// seconds, at least OverloadRetry.
+func TestOverloadAnswerPoll(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{SSE: SSEOptions{OverloadRetry: 1500 * time.Millisecond}})
+	for range 20 {
+		w := httptest.NewRecorder()
+		h.overloaded(w, httptest.NewRequest(http.MethodGet, "/poll", nil), transportPoll)
+		n, err := strconv.Atoi(w.Header().Get("Retry-After"))
+		if w.Code != http.StatusServiceUnavailable || err != nil || n < 2 || n > 3 {
+			t.Fatalf("poll overload answer %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+		}
+	}
+}
+
+// lockedBuffer is an io.Writer safe for concurrent use, for a test logger.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Authorize sees the scope's topics in order (empty for global), once per
+// request and after the cheaper checks; a refusal is 401 or 403 with a
+// fixed body, the error's text only in the debug log, and no stream.
+func TestSSEAuthorize(t *testing.T) {
+	db, _ := openTestDB(t)
+	var logs lockedBuffer
+	var (
+		mu    sync.Mutex
+		calls [][]string
+	)
+	authorize := func(r *http.Request, topics []string) error {
+		mu.Lock()
+		calls = append(calls, slices.Clone(topics))
+		mu.Unlock()
+		if r.URL.Query().Get("token") != "good" {
+			return fmt.Errorf("token %q unknown: %w", r.URL.Query().Get("token"), ErrUnauthenticated)
+		}
+		if len(topics) == 0 || slices.Contains(topics, "secret") {
+			return errors.New("private reason 7f3a")
+		}
+		return nil
+	}
+	takeCalls := func() [][]string {
+		mu.Lock()
+		defer mu.Unlock()
+		c := calls
+		calls = nil
+		return c
+	}
+	h := newTestHub(t, db, Options{
+		Authorize: authorize,
+		Logger:    slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		SSE:       SSEOptions{MaxTopics: 3, MaxConnections: 2},
+	})
+	var subscribed atomic.Int64
+	h.testHookAfterSubscribe = func() { subscribed.Add(1) }
+	srv := serve(t, h)
+	mustPublish(t, h, "secret", "s")
+
+	refusals := []struct {
+		query  string
+		status int
+		body   string
+		topics []string
+	}{
+		{"?topic=a&token=bad", 401, "unauthorized\n", []string{"a"}},
+		{"?topic=a", 401, "unauthorized\n", []string{"a"}},
+		{"?token=good", 403, "forbidden\n", []string{}},
+		{"?topic=&token=good", 403, "forbidden\n", []string{}},
+		{"?topic=secret&token=good", 403, "forbidden\n", []string{"secret"}},
+		{"?topic=b&topic=secret&topic=b&topic=a&token=good", 403, "forbidden\n", []string{"b", "secret", "a"}},
+	}
+	for _, tc := range refusals {
+		status, body := get(t, srv.URL+tc.query, lastID(0))
+		if status != tc.status || body != tc.body {
+			t.Errorf("%s: %d %q, want %d %q", tc.query, status, body, tc.status, tc.body)
+		}
+		if got := takeCalls(); len(got) != 1 || !slices.Equal(got[0], tc.topics) {
+			t.Errorf("%s: Authorize called with %q, want once with %q", tc.query, got, tc.topics)
+		}
+	}
+	if subscribed.Load() != 0 || h.Clients().Total() != 0 || len(h.Clients().Snapshot()) != 0 {
+		t.Fatalf("a refused request subscribed (%d) or reached the tracker: %+v", subscribed.Load(), h.Clients().Snapshot())
+	}
+	if l := logs.String(); !strings.Contains(l, "private reason 7f3a") || !strings.Contains(l, `token \"bad\" unknown`) || !strings.Contains(l, "level=DEBUG") {
+		t.Errorf("the refusals' errors are not in the debug log:\n%s", l)
+	}
+	if h.metrics.refusedUnauthenticated.Load() != 2 || h.metrics.refusedForbidden.Load() != 4 {
+		t.Errorf("refusals counted %d unauthenticated, %d forbidden", h.metrics.refusedUnauthenticated.Load(), h.metrics.refusedForbidden.Load())
+	}
+
+	// Granted: the topics in the order first requested.
+	c := dial(t, srv.URL+"?topic=b&topic=%20a&topic=b&token=good", nil)
+	c.hello()
+	if got := takeCalls(); len(got) != 1 || !slices.Equal(got[0], []string{"b", "a"}) {
+		t.Fatalf("Authorize called with %q, want once with [b a]", got)
+	}
+
+	// The cheaper checks come first: a refusal by method, origin, topics or
+	// the cap never reaches Authorize; neither does a preflight.
+	d := dial(t, srv.URL+"?topic=a&token=good", nil) // the second and last slot
+	d.hello()
+	takeCalls()
+	for _, tc := range []struct {
+		method, query, origin string
+		status                int
+	}{
+		{"POST", "?topic=a&token=good", "", 405},
+		{"GET", "?topic=a&token=good", "http://evil.example", 403},
+		{"OPTIONS", "?topic=a&token=good", srv.URL, 204},
+		{"GET", "?topic=a;b&token=good", "", 400},
+		{"GET", "?topic=a&topic=b&topic=c&topic=d&token=good", "", 400},
+		{"GET", "?topic=%00&token=good", "", 400},
+		{"GET", "?topic=a&token=good", "", 200}, // the overload answer
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+		req, _ := http.NewRequestWithContext(ctx, tc.method, srv.URL+tc.query, nil)
+		if tc.origin != "" {
+			req.Header.Set("Origin", tc.origin)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != tc.status || err != nil {
+			t.Errorf("%s %s: %d %q %v, want %d", tc.method, tc.query, resp.StatusCode, body, err, tc.status)
+		}
+		if tc.status == 200 && !strings.HasPrefix(string(body), "retry: ") {
+			t.Errorf("%s %s: %q, want the overload answer", tc.method, tc.query, body)
+		}
+		if got := takeCalls(); len(got) != 0 {
+			t.Errorf("%s %s: Authorize called with %q", tc.method, tc.query, got)
+		}
+	}
+}
+
+// Access is revoked by ending the request's context: middleware that ties
+// it to a session ends a live stream at once.
+func TestSSERevokedContextEndsStream(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{SSE: SSEOptions{HeartbeatInterval: -1}})
+	var (
+		mu       sync.Mutex
+		sessions = map[string][]context.CancelFunc{}
+	)
+	revoke := func(session string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, cancel := range sessions[session] {
+			cancel()
+		}
+		delete(sessions, session)
+	}
+	mw := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		mu.Lock()
+		s := r.URL.Query().Get("session")
+		sessions[s] = append(sessions[s], cancel)
+		mu.Unlock()
+		h.Handler().ServeHTTP(w, r.WithContext(ctx))
+	})
+	srv := httptest.NewServer(mw)
+	t.Cleanup(srv.Close)
+
+	alice := dial(t, srv.URL+"?topic=room&session=alice", nil)
+	bob := dial(t, srv.URL+"?topic=room&session=bob", nil)
+	alice.hello()
+	bob.hello()
+	ev := mustPublish(t, h, "room", 1)
+	for _, c := range []*sseClient{alice, bob} {
+		if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
+			t.Fatalf("got %+v", f)
+		}
+	}
+	revoke("alice")
+	start := time.Now()
+	if f, err := alice.nextErr(waitFor); !errors.Is(err, io.EOF) {
+		t.Fatalf("after revocation alice got %+v, %v; want the stream to end", f, err)
+	}
+	t.Logf("stream ended %v after revocation", time.Since(start))
+	waitUntil(t, "the revoked stream to leave the tracker", func() bool { return h.Clients().Total() == 1 })
+	ev = mustPublish(t, h, "room", 2)
+	if f := bob.next(); f.ID != fmt.Sprint(ev.Sequence) {
+		t.Fatalf("bob got %+v", f)
+	}
+}
+
+// A client granted topic "a" while events flow on a denied topic: nothing
+// of the denied topic shows in its replay, its live stream, its gap ranges
+// and counts, or its heartbeats.
+func TestSSEDeniedTopicNeverVisible(t *testing.T) {
+	db, _ := openTestDB(t)
+	var hbMu sync.Mutex
+	hbTopics := map[string]bool{}
+	h := newTestHub(t, db, Options{
+		Authorize: func(r *http.Request, topics []string) error {
+			if len(topics) == 0 || slices.Contains(topics, "secret") {
+				return errors.New("denied")
+			}
+			return nil
+		},
+		SSE: SSEOptions{
+			ReplayLimit:       3,
+			HeartbeatInterval: 10 * time.Millisecond,
+			HeartbeatData: func(topic string) any {
+				hbMu.Lock()
+				hbTopics[topic] = true
+				hbMu.Unlock()
+				return map[string]string{"topic": topic}
+			},
+		},
+	})
+	srv := serve(t, h)
+	for _, q := range []string{"", "?topic=secret", "?topic=a&topic=secret", "?topic=secret&topic=a"} {
+		if status, _ := get(t, srv.URL+q, nil); status != http.StatusForbidden {
+			t.Fatalf("%q: status %d, want 403", q, status)
+		}
+	}
+
+	visible := map[int64]bool{}
+	var all []Event
+	pub := func(topic string, n int) {
+		ev := mustPublish(t, h, topic, map[string]any{"topic": topic, "n": n})
+		all = append(all, ev)
+		if topic != "secret" {
+			visible[ev.Sequence] = true
+		}
+	}
+	live := dial(t, srv.URL+"?topic=a", nil)
+	live.hello()
+	pattern := []string{"secret", "a", "secret", "secret", "", "secret", "a", "secret", "a", "secret", "a", "secret"}
+	for i, topic := range pattern {
+		pub(topic, i)
+	}
+	// Live: exactly the visible events.
+	var want []string
+	for _, ev := range all {
+		if visible[ev.Sequence] {
+			want = append(want, fmt.Sprint(ev.Sequence))
+		}
+	}
+	if got := frameIDs(live.events(len(want))); !slices.Equal(got, want) {
+		t.Fatalf("live ids %v, want %v", got, want)
+	}
+	mustPublish(t, h, "secret", "after")
+	sentinel := mustPublish(t, h, "a", "sentinel")
+	if f := live.nextNonHeartbeat(); f.ID != fmt.Sprint(sentinel.Sequence) {
+		t.Fatalf("live got %+v, want the sentinel", f)
+	}
+	if f := live.next(); f.Event != "heartbeat" || !strings.Contains(f.Data, `"topic":"a"`) {
+		t.Fatalf("live got %+v, want a heartbeat for a", f)
+	}
+	live.Close()
+
+	// Replay from 0 past the limit: the gap names only visible events, the
+	// count is theirs, and the window holds only them.
+	c := dial(t, srv.URL+"?topic=a", lastID(0))
+	c.hello()
+	g := parseGap(t, c.nextNonHeartbeat())
+	vis := slices.Sorted(func(yield func(int64) bool) {
+		for s := range visible {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+	vis = append(vis, sentinel.Sequence)
+	skipped := vis[:len(vis)-3]
+	if g.Reason != reasonReplayLimit || *g.MissedFrom != skipped[0] || *g.MissedThrough != skipped[len(skipped)-1] || *g.Missed != int64(len(skipped)) {
+		t.Fatalf("gap %s, want replay_limit over %v", gapString(g), skipped)
+	}
+	var gotReplay []string
+	for _, f := range c.events(3) {
+		gotReplay = append(gotReplay, f.ID)
+		if strings.Contains(f.Data, "secret") {
+			t.Fatalf("replayed a denied event: %+v", f)
+		}
+	}
+	var wantReplay []string
+	for _, s := range vis[len(vis)-3:] {
+		wantReplay = append(wantReplay, fmt.Sprint(s))
+	}
+	if !slices.Equal(gotReplay, wantReplay) {
+		t.Fatalf("replayed %v, want %v", gotReplay, wantReplay)
+	}
+	c.Close()
+
+	// Rows of the denied topic pruned above the cursor are not the
+	// client's business: it resumes cleanly, without a pruned gap.
+	cursor := mustPublish(t, h, "a", "cursor").Sequence
+	mustPublish(t, h, "secret", "pruned 1")
+	through := mustPublish(t, h, "secret", "pruned 2").Sequence
+	after := mustPublish(t, h, "a", "after the prune")
+	if _, err := db.Exec(`UPDATE events SET created_at = 0 WHERE sequence <= ?`, through); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Prune(context.Background(), RetentionPolicy{MaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	c = dial(t, srv.URL+"?topic=a", lastID(cursor))
+	c.hello()
+	if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(after.Sequence) {
+		t.Fatalf("after pruning the denied topic above the cursor, the resume got %+v, want %d", f, after.Sequence)
+	}
+	hbMu.Lock()
+	defer hbMu.Unlock()
+	if len(hbTopics) != 1 || !hbTopics["a"] {
+		t.Fatalf("HeartbeatData called for %v, want only a", hbTopics)
+	}
+}
+
+// The cost of refusing a request past MaxConnections: admission and the
+// overload answer, with nothing read or subscribed.
+func BenchmarkOverloadRefusal(b *testing.B) {
+	db, _ := openTestDB(b)
+	h := newTestHub(b, db, Options{SSE: SSEOptions{MaxConnections: 1}})
+	release, ok := h.acquireSlot()
+	if !ok {
+		b.Fatal("no slot")
+	}
+	defer release()
+	handler := h.Handler()
+	req := httptest.NewRequest(http.MethodGet, "/events?topic=a&topic=b", nil)
+	req.Header.Set("Last-Event-ID", "42")
+	b.ReportAllocs()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		handler.ServeHTTP(w, req)
+		if w.Code != http.StatusOK || !strings.HasPrefix(w.Body.String(), "retry: ") {
+			b.Fatalf("answer %d %q", w.Code, w.Body.String())
+		}
+	}
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/replayd/replayd"
+)
+
+// The relay page in headless Chromium: a page reloaded twice in the middle
+// of an answer ends with the text the upstream wrote, byte for byte, and a
+// second tab on the same job reads the same text. Skips without Chromium,
+// unless REPLAYD_BROWSER_TESTS=1 (as CI sets).
+func TestRelayPageSurvivesReloads(t *testing.T) {
+	browser := relayBrowser(t)
+
+	db, err := replayd.OpenDB(filepath.Join(t.TempDir(), "events.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	hub, err := replayd.New(db, replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: replayLimit, Retry: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hub.Close() })
+	r := &relay{hub: hub, logger: slog.New(slog.DiscardHandler), up: upstream{chunks: 300, every: 10 * time.Millisecond}}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	t.Cleanup(r.wait)
+	t.Cleanup(r.cancel)
+	srv := httptest.NewServer(newMux(r))
+	t.Cleanup(srv.Close)
+	// Registered last, so it runs first: the tabs' streams end before the
+	// server's Close waits for its connections.
+	t.Cleanup(func() { hub.Close() })
+
+	resp, err := http.Post(srv.URL+"/jobs", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var job struct{ ID, Topic string }
+	err = json.NewDecoder(resp.Body).Decode(&job)
+	resp.Body.Close()
+	if err != nil || job.Topic != "job-"+job.ID {
+		t.Fatalf("POST /jobs: %+v, %v", job, err)
+	}
+	var want strings.Builder
+	for i := range r.up.chunks {
+		want.WriteString(chunkText(job.ID, i))
+	}
+
+	tab := relayTab(t, browser)
+	relayDo(t, tab, chromedp.Navigate(srv.URL+"/#"+job.ID))
+	relayWait(t, tab, "50 chunks", func(s relayState) bool { return s.Chunks >= 50 })
+	relayDo(t, tab, chromedp.Reload())
+	relayWait(t, tab, "150 chunks", func(s relayState) bool { return s.Chunks >= 150 })
+	relayDo(t, tab, chromedp.Reload())
+	st := relayWait(t, tab, "the answer", func(s relayState) bool { return s.Done != nil })
+	if st.Text != want.String() || st.Chunks != r.up.chunks || st.Done.Bytes != want.Len() {
+		t.Fatalf("after two reloads the page shows %d chunks, %d bytes (done: %+v); want %d chunks, %d bytes, equal text\n got %q\nwant %q",
+			st.Chunks, len(st.Text), st.Done, r.up.chunks, want.Len(), st.Text, want.String())
+	}
+
+	other := relayTab(t, browser)
+	relayDo(t, other, chromedp.Navigate(srv.URL+"/#"+job.ID))
+	st = relayWait(t, other, "the answer in a second tab", func(s relayState) bool { return s.Done != nil })
+	if st.Text != want.String() {
+		t.Fatalf("a second tab shows %q, want %q", st.Text, want.String())
+	}
+}
+
+// relayState is the page's window.relay.
+type relayState struct {
+	Text   string `json:"text"`
+	Chunks int    `json:"chunks"`
+	Done   *struct {
+		Chunks int `json:"chunks"`
+		Bytes  int `json:"bytes"`
+	} `json:"done"`
+}
+
+const relayWaitFor = 20 * time.Second
+
+// relayBrowser starts a headless Chromium for the test.
+func relayBrowser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("REPLAYD_BROWSER_TESTS") == "1" {
+			t.Fatal("chromium not found (REPLAYD_BROWSER_TESTS=1)")
+		}
+		t.Skip("chromium not found")
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()))
+	t.Cleanup(cancelAlloc)
+	ctx, cancel := chromedp.NewContext(alloc, chromedp.WithLogf(t.Logf))
+	t.Cleanup(cancel)
+	relayFirstRun(t, ctx, cancel)
+	return ctx
+}
+
+// relayTab opens a tab in a fresh browser context.
+func relayTab(t *testing.T, browser context.Context) context.Context {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
+	t.Cleanup(cancel)
+	relayFirstRun(t, ctx, cancel)
+	return ctx
+}
+
+// relayFirstRun binds ctx to its browser or tab; a watchdog bounds it, as
+// ctx itself must carry no timeout.
+func relayFirstRun(t *testing.T, ctx context.Context, cancel context.CancelFunc) {
+	t.Helper()
+	watchdog := time.AfterFunc(relayWaitFor, cancel)
+	err := chromedp.Do(ctx)
+	if !watchdog.Stop() && err == nil {
+		err = errors.New("timed out")
+	}
+	if err != nil {
+		t.Fatalf("start Chromium: %v", err)
+	}
+}
+
+func relayDo(t *testing.T, tab context.Context, a chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(tab, relayWaitFor)
+	defer cancel()
+	if err := chromedp.Do(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// relayWait reads window.relay until cond holds, for at most relayWaitFor.
+func relayWait(t *testing.T, tab context.Context, what string, cond func(relayState) bool) relayState {
+	t.Helper()
+	deadline := time.Now().Add(relayWaitFor)
+	for {
+		ctx, cancel := context.WithTimeout(tab, 5*time.Second)
+		st, err := chromedp.Run(ctx, chromedp.Evaluate[relayState](`window.relay || {}`))
+		cancel()
+		if err == nil && cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (last error %v): %d chunks, %q", what, err, st.Chunks, st.Text)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}

@@ -1,0 +1,115 @@
+package replayd
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Ready reports whether the hub can read and write its log, for a load
+// balancer's readiness probe: nil when it can. It reads the head, then takes
+// and releases the log's write lock (BEGIN IMMEDIATE, ROLLBACK) without
+// writing anything. The probe queues behind this hub's own commits instead
+// of racing them for SQLite's lock, so it never stalls a publish; a
+// database that another connection keeps locked, or that is read-only,
+// makes it fail. It does not prove there is disk space left. ctx bounds the
+// whole check: give it a deadline. After Close it returns ErrClosed.
+func (h *EventHub) Ready(ctx context.Context) error {
+	if h.isClosed() {
+		return ErrClosed
+	}
+	if _, err := h.store.latestSequence(ctx); err != nil {
+		return fmt.Errorf("replayd: ready: read: %w", err)
+	}
+	unlock, err := h.lockWritesCtx(ctx)
+	if err != nil {
+		return fmt.Errorf("replayd: ready: wait for the writer: %w", err)
+	}
+	defer unlock()
+	if h.isClosed() { // Close may have released the log meanwhile
+		return ErrClosed
+	}
+	if err := h.store.probeWrite(ctx); err != nil {
+		return fmt.Errorf("replayd: ready: take the write lock: %w", err)
+	}
+	return nil
+}
+
+func (h *EventHub) isClosed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.closed
+}
+
+// lockWritesCtx takes writeMu, or gives up when ctx ends. A lock taken
+// after giving up is released at once by the goroutine that waited for it.
+func (h *EventHub) lockWritesCtx(ctx context.Context) (unlock func(), err error) {
+	if h.writeMu.TryLock() {
+		return h.writeMu.Unlock, nil
+	}
+	got, abandon := make(chan struct{}), make(chan struct{})
+	go func() {
+		h.writeMu.Lock()
+		select {
+		case got <- struct{}{}:
+		case <-abandon:
+			h.writeMu.Unlock()
+		}
+	}()
+	select {
+	case <-got:
+		return h.writeMu.Unlock, nil
+	case <-ctx.Done():
+		close(abandon)
+		return nil, ctx.Err()
+	}
+}
+
+// probeWrite takes the write lock on the writer's connection and releases
+// it, writing nothing. The caller holds the hub's writeMu.
+func (l *EventLog) probeWrite(ctx context.Context) error {
+	if l.writer == nil {
+		w, err := openLogWriter(ctx, l.db)
+		if err != nil {
+			return err
+		}
+		l.writer = w
+	}
+	_, err := l.writer.begin.ExecContext(ctx)
+	broken := false
+	if err == nil {
+		_, rerr := l.writer.rollback.ExecContext(context.Background())
+		broken = rerr != nil
+	}
+	if broken || l.db.Stats().MaxOpenConnections == 1 {
+		l.releaseWriter(broken) // as appendBatch does
+	}
+	return err
+}
+
+// readyTimeout bounds the check ReadyHandler runs for one request.
+const readyTimeout = 2 * time.Second
+
+// ReadyHandler serves Ready for a load balancer: 200 "ok" when the hub can
+// read and write its log, else 503 "not ready" (the error is logged at
+// warn level, never sent). Each check is bounded by 2s and by the request.
+//
+//	mux.Handle("/readyz", hub.ReadyHandler())
+func (h *EventHub) ReadyHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+		defer cancel()
+		if err := h.Ready(ctx); err != nil {
+			if r.Context().Err() == nil {
+				h.logger.Warn("replayd: not ready", "remote", r.RemoteAddr, "err", err)
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte("not ready\n"))
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+}

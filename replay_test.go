@@ -1,0 +1,207 @@
+package replayd
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// stalledClient opens a resuming SSE stream over a bare TCP connection,
+// reads until it has at least min bytes of the body, and then never reads
+// again: its socket buffers fill and the server's writes block. Its small
+// receive buffer stalls the server soon, but slows the reads before it
+// (about 200 ms a connection, waiting for window updates): open many at
+// once.
+func stalledClient(t *testing.T, srvURL string, cursor, minBytes int) net.Conn {
+	t.Helper()
+	conn, err := stalledConn(srvURL, cursor, minBytes)
+	if conn != nil {
+		t.Cleanup(func() { conn.Close() })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+func stalledConn(srvURL string, cursor, minBytes int) (net.Conn, error) {
+	u, err := url.Parse(srvURL)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		return nil, err
+	}
+	conn.(*net.TCPConn).SetReadBuffer(16 << 10)
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nLast-Event-ID: %d\r\n\r\n", u.Host, cursor)
+	conn.SetReadDeadline(time.Now().Add(waitFor))
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 64<<10), nil)
+	if err != nil {
+		return conn, err
+	}
+	buf := make([]byte, 64<<10)
+	var seen bytes.Buffer
+	for n := 0; n < minBytes; {
+		k, err := resp.Body.Read(buf)
+		if seen.Len() < 4096 {
+			seen.Write(buf[:min(k, 4096)])
+		}
+		n += k
+		if err != nil {
+			return conn, fmt.Errorf("read %d bytes, then %v", n, err)
+		}
+	}
+	if !strings.Contains(seen.String(), "event: hello") {
+		return conn, fmt.Errorf("no hello at the start: %q", seen.String()[:min(seen.Len(), 200)])
+	}
+	return conn, nil
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// A replay of large events to clients that stop reading holds about a page
+// per connection, not the whole window; Close ends such streams at once
+// (issue 8, item 2).
+func TestReplayMemoryBoundedAndCloseFast(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	const events, clients = 24, 8
+	big := json.RawMessage(`"` + strings.Repeat("x", 1<<20-16) + `"`)
+	for range events {
+		mustPublish(t, h, "", big)
+	}
+	srv := serve(t, h)
+	before := heapInUse()
+	for range clients {
+		stalledClient(t, srv.URL, 0, 2<<20)
+	}
+	grew := int64(heapInUse()) - int64(before)
+	t.Logf("heap in use grew %.1f MiB with %d clients stalled in a %d MiB replay", float64(grew)/(1<<20), clients, events)
+	// Generous: a page of one 1 MiB event and its frame buffer, and then
+	// some, per client; the whole window would be 24 MiB (twice over).
+	if limit := int64(clients * 6 << 20); grew > limit {
+		t.Fatalf("heap in use grew %d MiB, want under %d MiB", grew>>20, limit>>20)
+	}
+	start := time.Now()
+	h.Close()
+	took := time.Since(start)
+	t.Logf("Close took %v with %d clients mid-replay", took, clients)
+	if took > 2*time.Second {
+		t.Fatalf("Close took %v", took)
+	}
+}
+
+// Rows pruned between two pages of a replay would be a silent hole: the
+// stream ends instead, and the reconnect gets a pruned gap naming them.
+func TestReplayPruneBetweenPagesEndsStream(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	for i := range 200 {
+		mustPublish(t, h, "a", i)
+	}
+	h.testHookReplayPage = func(last int64) {
+		if last == 164 {
+			if _, err := h.Prune(t.Context(), RetentionPolicy{MaxEvents: 20}); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	srv := serve(t, h)
+	c := dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"0"}})
+	c.hello()
+	if g := parseGap(t, c.next()); g.Reason != "replay_limit" || *g.Missed != 100 || *g.MissedThrough != 100 {
+		t.Fatalf("gap %+v", g)
+	}
+	for want := 101; want <= 164; want++ {
+		if f := c.next(); f.ID != fmt.Sprint(want) {
+			t.Fatalf("replayed id %q, want %d", f.ID, want)
+		}
+	}
+	if f, err := c.nextErr(waitFor); err == nil {
+		t.Fatalf("after rows were pruned mid-replay the stream went on with %+v", f)
+	} else if err == errTimeout {
+		t.Fatal("the stream neither ended nor went on")
+	}
+	h.testHookReplayPage = nil
+	c2 := dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"164"}})
+	c2.hello()
+	g := parseGap(t, c2.next())
+	if g.Reason != "pruned" || *g.MissedFrom != 165 || *g.MissedThrough != 180 {
+		t.Fatalf("reconnect gap %+v", g)
+	}
+	for want := 181; want <= 200; want++ {
+		if f := c2.next(); f.ID != fmt.Sprint(want) {
+			t.Fatalf("replayed id %q, want %d", f.ID, want)
+		}
+	}
+}
+
+// Close ends every stream in replay at once, also with a thousand of them
+// stalled mid-replay (issue 8, item 2: measured target 1 s).
+func TestCloseManyClientsMidReplay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a thousand connections")
+	}
+	loadRaiseNoFile(t, 8192)
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	const events, clients = 100, 1000 // the default ReplayLimit: all replayed
+	payload := json.RawMessage(`"` + strings.Repeat("y", 16<<10) + `"`)
+	for range events {
+		mustPublish(t, h, "", payload)
+	}
+	var live atomic.Int64 // streams that finished their replay
+	h.testHookBeforeLive = func() { live.Add(1) }
+	// Small send buffers (16 KiB) stall each stream within its first pages
+	// and keep the kernel's socket memory small.
+	srvURL := chaosServe(t, h.Handler())
+	conns := make(chan net.Conn, clients)
+	errs := make(chan error, clients)
+	sem := make(chan struct{}, 50)
+	for range clients {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			conn, err := stalledConn(srvURL, 0, 4<<10)
+			if conn != nil {
+				conns <- conn
+			}
+			errs <- err
+		}()
+	}
+	defer func() {
+		for range len(conns) {
+			(<-conns).Close()
+		}
+	}()
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := live.Load(); n > 0 {
+		t.Fatalf("%d streams finished their replay: not stalled", n)
+	}
+	start := time.Now()
+	h.Close()
+	took := time.Since(start)
+	t.Logf("Close took %v with %d clients stalled mid-replay of %d events of 16 KiB", took, clients, events)
+	if took > 2*time.Second {
+		t.Fatalf("Close took %v", took)
+	}
+}

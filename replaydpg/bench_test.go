@@ -1,0 +1,354 @@
+package replaydpg
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/replayd/replayd"
+)
+
+// The benchmarks compare Append with raw ceilings on the same server: a
+// single-row autocommit insert into a table of the same shape (identity
+// column, unique event id, (topic, sequence) index), one at a time, from
+// 64 goroutines, and 1,000 rows per statement. Measure with fsync on (see
+// README.md):
+//
+//	REPLAYD_PG_FSYNC=1 source .ci/pg.sh
+//	cd replaydpg && go test -run '^$' -bench . -benchtime 3s
+
+const benchPublishers = 64
+
+// rawTable creates a raw table of the log's shape and returns its name.
+func rawTable(b *testing.B, pool *pgxpool.Pool, prefix string) string {
+	b.Helper()
+	name := prefix + "raw"
+	_, err := pool.Exec(context.Background(), `CREATE TABLE `+name+` (
+		sequence   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		event_id   text NOT NULL UNIQUE,
+		type       text NOT NULL,
+		topic      text,
+		payload    text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	if err == nil {
+		_, err = pool.Exec(context.Background(), `CREATE INDEX ON `+name+` (topic, sequence)`)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return name
+}
+
+func reportRate(b *testing.B, start time.Time, events int) {
+	b.ReportMetric(float64(events)/time.Since(start).Seconds(), "events/s")
+}
+
+var benchRun atomic.Int64 // keeps event ids unique across b.N rounds
+
+func benchID(i int) string { return fmt.Sprintf("b%d-%d", benchRun.Load(), i) }
+
+// BenchmarkAppendSerial: one event per Append, one after another.
+func BenchmarkAppendSerial(b *testing.B) { benchAppendSerial(b, false) }
+
+// BenchmarkAppendSerialNoNotify: the same without the NOTIFY, to price it.
+func BenchmarkAppendSerialNoNotify(b *testing.B) { benchAppendSerial(b, true) }
+
+func benchAppendSerial(b *testing.B, noNotify bool) {
+	s, _ := openTestStore(b)
+	s.noNotify = noNotify
+	benchRun.Add(1)
+	ctx := context.Background()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		if _, err := s.Append(ctx, []replayd.Event{ev(benchID(i), "room", `{"n":1}`)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, start, b.N)
+}
+
+// BenchmarkRawInsertSerial: one autocommit single-row INSERT after another.
+func BenchmarkRawInsertSerial(b *testing.B) {
+	pool := testPool(b)
+	table := rawTable(b, pool, testPrefix(b))
+	benchRun.Add(1)
+	ctx := context.Background()
+	q := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		if _, err := pool.Exec(ctx, q, benchID(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, start, b.N)
+}
+
+// groupCommit is the simplest group-commit writer: publishers queue an
+// event and wait; one goroutine appends whatever is queued (up to 1,000) in
+// one Append, then answers them all. The hub's writer does the same.
+type groupCommit struct {
+	s       *Store
+	reqs    chan groupReq
+	done    chan struct{}
+	batches atomic.Int64 // Appends made
+}
+
+type groupReq struct {
+	ev    replayd.Event
+	reply chan error
+}
+
+func startGroupCommit(s *Store) *groupCommit { return startGroupCommitN(s, 1) }
+
+// startGroupCommitN runs writers such loops on one queue: with two, one
+// batch waits on the head lock while the other commits, so the lock never
+// idles for a client round trip.
+func startGroupCommitN(s *Store, writers int) *groupCommit {
+	g := &groupCommit{s: s, reqs: make(chan groupReq, 4096), done: make(chan struct{})}
+	var wg sync.WaitGroup
+	go func() {
+		wg.Wait()
+		close(g.done)
+	}()
+	wg.Add(writers)
+	for range writers {
+		go g.write(&wg)
+	}
+	return g
+}
+
+func (g *groupCommit) write(wg *sync.WaitGroup) {
+	defer wg.Done()
+	{
+		for first := range g.reqs {
+			batch := []groupReq{first}
+		drain:
+			for len(batch) < 1000 {
+				select {
+				case r, ok := <-g.reqs:
+					if !ok {
+						break drain
+					}
+					batch = append(batch, r)
+				default:
+					break drain
+				}
+			}
+			evs := make([]replayd.Event, len(batch))
+			for i, r := range batch {
+				evs[i] = r.ev
+			}
+			g.batches.Add(1)
+			res, err := g.s.Append(context.Background(), evs)
+			for i, r := range batch {
+				switch {
+				case err != nil:
+					r.reply <- err
+				default:
+					r.reply <- res[i].Err
+				}
+			}
+		}
+	}
+}
+
+func (g *groupCommit) publish(ev replayd.Event) error {
+	reply := make(chan error, 1)
+	g.reqs <- groupReq{ev, reply}
+	return <-reply
+}
+
+func (g *groupCommit) stop() {
+	close(g.reqs)
+	<-g.done
+}
+
+// parallel runs n operations spread over benchPublishers goroutines.
+func parallel(b *testing.B, n int, op func(i int) error) {
+	b.Helper()
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range benchPublishers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := op(i); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// BenchmarkAppendGroupCommit64: 64 publishers through one group-commit writer.
+func BenchmarkAppendGroupCommit64(b *testing.B) { benchGroupCommit(b, false) }
+
+// BenchmarkAppendGroupCommit64NoNotify: the same without the NOTIFY.
+func BenchmarkAppendGroupCommit64NoNotify(b *testing.B) { benchGroupCommit(b, true) }
+
+func benchGroupCommit(b *testing.B, noNotify bool) {
+	s, _ := openTestStore(b)
+	s.noNotify = noNotify
+	g := startGroupCommit(s)
+	defer g.stop()
+	benchRun.Add(1)
+	b.ResetTimer()
+	start := time.Now()
+	parallel(b, b.N, func(i int) error { return g.publish(ev(benchID(i), "room", `{"n":1}`)) })
+	reportRate(b, start, b.N)
+}
+
+// BenchmarkRawInsert64: 64 goroutines, each a single-row autocommit INSERT.
+func BenchmarkRawInsert64(b *testing.B) {
+	pool := testPoolDSN(b, withPoolSize(testDSN(b), benchPublishers))
+	table := rawTable(b, pool, testPrefix(b))
+	benchRun.Add(1)
+	q := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	b.ResetTimer()
+	start := time.Now()
+	parallel(b, b.N, func(i int) error {
+		_, err := pool.Exec(context.Background(), q, benchID(i))
+		return err
+	})
+	reportRate(b, start, b.N)
+}
+
+// BenchmarkRawBatch1000: 1,000 rows per autocommit INSERT ... SELECT unnest,
+// one statement after another. b.N counts rows.
+func BenchmarkRawBatch1000(b *testing.B) {
+	pool := testPool(b)
+	table := rawTable(b, pool, testPrefix(b))
+	benchRun.Add(1)
+	q := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
+		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i += 1000 {
+		ids := make([]string, 0, 1000)
+		for j := i; j < min(i+1000, b.N); j++ {
+			ids = append(ids, benchID(j))
+		}
+		if _, err := pool.Exec(context.Background(), q, ids); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, start, b.N)
+}
+
+// BenchmarkAppendBatch1000: Append with 1,000 events per call. b.N counts
+// events.
+func BenchmarkAppendBatch1000(b *testing.B) {
+	s, _ := openTestStore(b)
+	benchRun.Add(1)
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i += 1000 {
+		evs := make([]replayd.Event, 0, 1000)
+		for j := i; j < min(i+1000, b.N); j++ {
+			evs = append(evs, ev(benchID(j), "room", `{"n":1}`))
+		}
+		if _, err := s.Append(context.Background(), evs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, start, b.N)
+}
+
+// The machine these run on is shared, and fsync latency swings by 10× from
+// one second to the next. The paired benchmarks interleave the contenders
+// in short rounds so each ratio compares like with like.
+
+// BenchmarkPairedSerial alternates one Append and one raw insert, b.N times
+// each, and reports each one's rate and Append's share of the raw rate.
+func BenchmarkPairedSerial(b *testing.B) {
+	s, prefix := openTestStore(b)
+	pool := testPool(b)
+	table := rawTable(b, pool, prefix)
+	benchRun.Add(1)
+	ctx := context.Background()
+	q := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	var tAppend, tRaw time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if _, err := s.Append(ctx, []replayd.Event{ev(benchID(i), "room", `{"n":1}`)}); err != nil {
+			b.Fatal(err)
+		}
+		tAppend += time.Since(start)
+		start = time.Now()
+		if _, err := pool.Exec(ctx, q, benchID(i)); err != nil {
+			b.Fatal(err)
+		}
+		tRaw += time.Since(start)
+	}
+	b.ReportMetric(float64(b.N)/tAppend.Seconds(), "append/s")
+	b.ReportMetric(float64(b.N)/tRaw.Seconds(), "raw/s")
+	b.ReportMetric(tRaw.Seconds()/tAppend.Seconds(), "append/raw")
+}
+
+// BenchmarkPaired64 runs rounds of 2,000 events each way: 64 publishers
+// through a group-commit writer, 64 raw single-row inserts, and raw
+// 1,000-row statements, and reports each one's rate over all rounds and
+// the group commit's ratio to the other two. b.N counts rounds.
+func BenchmarkPaired64(b *testing.B) { benchPaired64(b, 1) }
+
+// BenchmarkPaired64TwoWriters is BenchmarkPaired64 with two group-commit
+// writers on one queue.
+func BenchmarkPaired64TwoWriters(b *testing.B) { benchPaired64(b, 2) }
+
+func benchPaired64(b *testing.B, writers int) {
+	s, prefix := openTestStore(b)
+	pool := testPoolDSN(b, withPoolSize(testDSN(b), benchPublishers))
+	table := rawTable(b, pool, prefix)
+	g := startGroupCommitN(s, writers)
+	defer g.stop()
+	const round = 2000
+	single := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	batch := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
+		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	var tGroup, tRaw, tBatch time.Duration
+	b.ResetTimer()
+	for r := range b.N {
+		id := func(kind string, i int) string { return fmt.Sprintf("%s%d-%d", kind, r, i) }
+		start := time.Now()
+		parallel(b, round, func(i int) error { return g.publish(ev(id("g", i), "room", `{"n":1}`)) })
+		tGroup += time.Since(start)
+		start = time.Now()
+		parallel(b, round, func(i int) error {
+			_, err := pool.Exec(context.Background(), single, id("r", i))
+			return err
+		})
+		tRaw += time.Since(start)
+		start = time.Now()
+		for i := 0; i < round; i += 1000 {
+			ids := make([]string, 1000)
+			for j := range ids {
+				ids[j] = id("b", i+j)
+			}
+			if _, err := pool.Exec(context.Background(), batch, ids); err != nil {
+				b.Fatal(err)
+			}
+		}
+		tBatch += time.Since(start)
+	}
+	n := float64(b.N * round)
+	b.ReportMetric(n/tGroup.Seconds(), "group/s")
+	b.ReportMetric(n/tRaw.Seconds(), "raw64/s")
+	b.ReportMetric(n/tBatch.Seconds(), "batch1000/s")
+	b.ReportMetric(tRaw.Seconds()/tGroup.Seconds(), "group/raw64")
+	b.ReportMetric(tBatch.Seconds()/tGroup.Seconds(), "group/batch1000")
+	b.ReportMetric(n/float64(g.batches.Load()), "events/append")
+}

@@ -1,0 +1,737 @@
+// Package replaydpg is a PostgreSQL log for replayd: any number of
+// processes, on any number of machines, open one database and serve the same
+// log (SPEC §14). It uses pgx v5 and owns its connection pool.
+//
+// The promise everything rests on is that sequence order is visibility
+// order: once a reader has seen sequence s, no row with a sequence ≤ s
+// becomes visible later. An identity column does not give it (sequences are
+// assigned at insert and become visible at commit, in any order), so Append
+// assigns sequences itself under the row lock of a one-row head table, held
+// from the assignment to the commit; every read is then a plain
+// "sequence > cursor" index scan.
+//
+// Decisions where the spec is silent:
+//   - created_at is the server's clock_timestamp() taken under the head lock,
+//     raised to the previous batch's if the clock stepped back; it has
+//     microsecond precision.
+//   - A duplicate event id takes no sequence, and a failed batch rolls the
+//     head back with it, so sequences come out contiguous; nothing relies on
+//     it (SPEC §2: rules count visible rows).
+//   - Payloads, types, event ids and topics that are not valid UTF-8 or hold
+//     NUL are refused with replayd.ErrInvalid: PostgreSQL's text refuses them.
+//   - The listener behind WaitForAppend is one extra session-level connection
+//     (not from the pool; PgBouncer transaction pooling breaks LISTEN),
+//     opened on the first call, named "replayd listener" in
+//     pg_stat_activity.
+//   - The pool's sessions use plan_cache_mode=force_generic_plan unless the
+//     DSN sets it: every query's plan is pinned by its text (see sql.go), so
+//     planning once per connection is safe and saves about half of a
+//     one-event Append.
+package replaydpg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/replayd/replayd"
+)
+
+// ErrClosed is returned by a Store's methods after Close.
+var ErrClosed = errors.New("replaydpg: store is closed")
+
+// DefaultPrefix is the table prefix when Open gets no WithTablePrefix.
+const DefaultPrefix = "replayd_"
+
+// pruneBatch is how many rows one retention statement deletes at most.
+const pruneBatch = 1000
+
+// Option configures Open.
+type Option func(*config)
+
+type config struct {
+	prefix string
+}
+
+// WithTablePrefix names the tables prefix+"events", prefix+"head" and
+// prefix+"watermarks", and the NOTIFY channel prefix+"events". The prefix is
+// lower-case ASCII letters, digits and underscores, starting with a letter or
+// underscore, at most 40 bytes; Open refuses anything else. Stores with
+// different prefixes in one database are independent logs.
+func WithTablePrefix(prefix string) Option {
+	return func(c *config) { c.prefix = prefix }
+}
+
+var prefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+// Store is a replayd log in PostgreSQL. It is safe for concurrent use by any
+// number of goroutines, and any number of Stores (in any number of
+// processes) may share one database and prefix.
+type Store struct {
+	pool    *pgxpool.Pool
+	connCfg *pgx.ConnConfig // for the listener's own connection
+	prefix  string
+	channel string
+	q       queries
+
+	noNotify bool // benchmarks only: measures what the NOTIFY costs
+
+	ctx    context.Context // ended by Close
+	cancel context.CancelFunc
+
+	listenOnce sync.Once
+	listenDone chan struct{} // closed when the listener goroutine exits
+
+	mu      sync.Mutex
+	known   int64         // the highest head the listener has heard of
+	changed chan struct{} // closed and replaced whenever known may have moved
+	closed  bool
+}
+
+type queries struct {
+	lock, append, head, readAfter, watermark               string
+	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
+	countGlobal, countTopics, pruneEdges, pruneBatch       string
+}
+
+// Open connects to dsn (a pgx connection string or URL), creates the schema
+// if it is missing, and returns a Store owning a pgxpool. Any number of
+// processes may Open the same database at once.
+func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
+	cfg := config{prefix: DefaultPrefix}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if !prefixRE.MatchString(cfg.prefix) {
+		return nil, fmt.Errorf("replaydpg: %w: table prefix %q: want [a-z_][a-z0-9_]{0,39}", replayd.ErrInvalid, cfg.prefix)
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("replaydpg: open: %w", err)
+	}
+	// Every query's plan is fixed by its text (see sql.go): plan once per
+	// connection, not once per call. Planning the append statement costs
+	// about as much as running it for one event.
+	if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
+		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("replaydpg: open: %w", err)
+	}
+	p := cfg.prefix
+	s := &Store{
+		pool:       pool,
+		connCfg:    pcfg.ConnConfig.Copy(),
+		prefix:     p,
+		channel:    p + "events",
+		listenDone: make(chan struct{}),
+		changed:    make(chan struct{}),
+		q: queries{
+			lock: render(qLock, p), append: render(qAppend, p),
+			head: render(qHead, p), readAfter: render(qReadAfter, p), watermark: render(qWatermark, p),
+			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
+			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
+			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
+			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
+		},
+	}
+	// Name the listener's session, for pg_stat_activity.
+	name := "replayd listener"
+	if app := s.connCfg.RuntimeParams["application_name"]; app != "" {
+		name = app + " (" + name + ")"
+	}
+	s.connCfg.RuntimeParams["application_name"] = name
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if err := s.ensureSchema(ctx); err != nil {
+		s.cancel()
+		pool.Close()
+		return nil, fmt.Errorf("replaydpg: open: %w", err)
+	}
+	return s, nil
+}
+
+// ensureSchema creates the tables in one transaction, under an advisory
+// lock so that nodes starting together do not race on CREATE ... IF NOT
+// EXISTS (which is not atomic against itself).
+func (s *Store) ensureSchema(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "replayd schema "+s.prefix); err != nil {
+			return err
+		}
+		for i, stmt := range schema {
+			if _, err := tx.Exec(ctx, render(stmt, s.prefix)); err != nil {
+				return err
+			}
+			if i > 0 {
+				continue
+			}
+			// CREATE TABLE IF NOT EXISTS keeps a table of the same name that
+			// an application made for itself: refuse it rather than fail later.
+			var n int
+			if err := tx.QueryRow(ctx, qSchemaColumns, s.prefix+"events").Scan(&n); err != nil {
+				return err
+			}
+			if n != 8 {
+				return fmt.Errorf("table %sevents exists but is not replayd's", s.prefix)
+			}
+		}
+		return nil
+	})
+}
+
+// Close stops the listener, if any, and closes the pool. Calls in progress
+// may fail; later calls return ErrClosed. It is safe to call more than once.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.listenOnce.Do(func() { close(s.listenDone) }) // never started: nothing to wait for
+	<-s.listenDone
+	s.pool.Close()
+	return nil
+}
+
+func (s *Store) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// AppendResult is the outcome of one event of an Append batch.
+type AppendResult struct {
+	// Event is the stored event: the one given, with its Sequence and
+	// CreatedAt, or for a duplicate the original stored under its event id.
+	// With Err set it is the event given, unchanged.
+	Event replayd.Event
+	// Duplicate reports that the event id was already stored (or came
+	// earlier in the same batch): nothing was stored for this event.
+	Duplicate bool
+	// Err, when set, refused this event alone (it wraps replayd.ErrInvalid);
+	// the batch's other events are unaffected.
+	Err error
+}
+
+// Append stores evs in order, in one transaction and one round trip, and
+// returns one result per event, in the same order. Each stored event gets
+// the next sequence, above every sequence ever assigned, and created_at
+// from the server clock, never below the previous batch's. Sequence,
+// CreatedAt and Topic of evs are ignored except Topic ("" is a broadcast).
+//
+// On return without error the batch is committed (durable as far as the
+// server's synchronous_commit makes it) and visible to every reader, and
+// every listener has been notified once. With an error, nothing of the
+// batch is stored, unless the error arrived after the commit (a lost
+// connection or an ended ctx while the answer was in flight): then the
+// batch may be stored, and appending it again with the same event ids
+// returns the stored originals as duplicates.
+//
+// Concurrent Appends, from this process or others, are serialised on the
+// head row's lock for the time the server takes to insert and commit; the
+// lock is never held across a round trip to the client.
+func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	res := make([]AppendResult, len(evs))
+	var (
+		idx                  []int // res index of each row sent
+		ids, types, payloads []string
+		topics               []*string
+		first                = map[string]int{} // event id → res index of its first valid occurrence
+		repeats              []int              // res indexes of later occurrences
+	)
+	for i, ev := range evs {
+		res[i].Event = ev
+		if err := checkText(ev); err != nil {
+			res[i].Err = err
+			continue
+		}
+		if _, ok := first[ev.EventID]; ok {
+			repeats = append(repeats, i)
+			continue
+		}
+		first[ev.EventID] = i
+		idx = append(idx, i)
+		ids = append(ids, ev.EventID)
+		types = append(types, ev.Type)
+		payloads = append(payloads, string(ev.Payload))
+		var topic *string
+		if ev.Topic != "" {
+			topic = &evs[i].Topic
+		}
+		topics = append(topics, topic)
+	}
+	if len(idx) == 0 {
+		return res, nil
+	}
+	b := &pgx.Batch{}
+	b.Queue(s.q.lock)
+	channel := s.channel
+	if s.noNotify {
+		channel = ""
+	}
+	b.Queue(s.q.append, ids, types, topics, payloads, channel)
+	br := s.pool.SendBatch(ctx, b)
+	err := func() error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		n := 0
+		for rows.Next() {
+			if n == len(idx) {
+				return errors.New("more rows than events")
+			}
+			r := &res[idx[n]]
+			var (
+				stored                  replayd.Event
+				id, typ, topic, payload *string
+			)
+			if err := rows.Scan(&r.Duplicate, &stored.Sequence, &stored.CreatedAt, &id, &typ, &topic, &payload); err != nil {
+				return err
+			}
+			if r.Duplicate {
+				if id == nil || typ == nil || payload == nil {
+					return fmt.Errorf("duplicate of event id %q vanished", r.Event.EventID)
+				}
+				stored.EventID, stored.Type, stored.Payload = *id, *typ, []byte(*payload)
+				if topic != nil {
+					stored.Topic = *topic
+				}
+				r.Event = stored
+			} else {
+				r.Event.Sequence, r.Event.CreatedAt = stored.Sequence, stored.CreatedAt
+			}
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if n != len(idx) {
+			return fmt.Errorf("%d rows for %d events", n, len(idx))
+		}
+		return nil
+	}()
+	// Close reads the commit's answer: only after it is the batch stored.
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replaydpg: append: %w", err)
+	}
+	for _, i := range repeats {
+		res[i].Event, res[i].Duplicate = res[first[evs[i].EventID]].Event, true
+	}
+	return res, nil
+}
+
+// checkText refuses what a PostgreSQL text column would: invalid UTF-8 and
+// NUL, in any of the event's strings.
+func checkText(ev replayd.Event) error {
+	for _, f := range []struct{ name, v string }{
+		{"payload", string(ev.Payload)}, {"event id", ev.EventID}, {"type", ev.Type}, {"topic", ev.Topic},
+	} {
+		if !utf8.ValidString(f.v) {
+			return fmt.Errorf("replaydpg: %w: %s is not valid UTF-8", replayd.ErrInvalid, f.name)
+		}
+		for i := 0; i < len(f.v); i++ {
+			if f.v[i] == 0 {
+				return fmt.Errorf("replaydpg: %w: %s holds NUL", replayd.ErrInvalid, f.name)
+			}
+		}
+	}
+	return nil
+}
+
+func scanEvent(row pgx.Rows) (replayd.Event, error) {
+	var (
+		ev      replayd.Event
+		topic   *string
+		payload string
+	)
+	if err := row.Scan(&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt); err != nil {
+		return ev, err
+	}
+	if topic != nil {
+		ev.Topic = *topic
+	}
+	ev.Payload = []byte(payload)
+	return ev, nil
+}
+
+func collectEvents(rows pgx.Rows, err error) ([]replayd.Event, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var evs []replayd.Event
+	for rows.Next() {
+		ev, err := scanEvent(rows)
+		if err != nil {
+			return nil, err
+		}
+		evs = append(evs, ev)
+	}
+	return evs, rows.Err()
+}
+
+// Head returns the highest sequence ever assigned; it never goes backwards,
+// whatever retention deletes.
+func (s *Store) Head(ctx context.Context) (int64, error) {
+	if s.isClosed() {
+		return 0, ErrClosed
+	}
+	var head int64
+	if err := s.pool.QueryRow(ctx, s.q.head).Scan(&head); err != nil {
+		return 0, fmt.Errorf("replaydpg: head: %w", err)
+	}
+	return head, nil
+}
+
+// ReadAfter returns up to limit (<= 0: 100) events of every topic whose
+// sequence is above after, ascending: the rows a live hub catches up on.
+func (s *Store) ReadAfter(ctx context.Context, after int64, limit int) ([]replayd.Event, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	evs, err := collectEvents(s.pool.Query(ctx, s.q.readAfter, after, defaultLimit(limit)))
+	if err != nil {
+		return nil, fmt.Errorf("replaydpg: read: %w", err)
+	}
+	return evs, nil
+}
+
+// Watermark returns the highest prune watermark of any topic: the highest
+// sequence retention has deleted (0: none).
+func (s *Store) Watermark(ctx context.Context) (int64, error) {
+	if s.isClosed() {
+		return 0, ErrClosed
+	}
+	var w int64
+	if err := s.pool.QueryRow(ctx, s.q.watermark, []string{}).Scan(&w); err != nil {
+		return 0, fmt.Errorf("replaydpg: watermark: %w", err)
+	}
+	return w, nil
+}
+
+func defaultLimit(limit int) int {
+	if limit <= 0 {
+		return 100
+	}
+	return limit
+}
+
+// scopeTopics returns topics sorted without repeats; empty is the global
+// scope. An empty string in a non-empty list is refused: broadcasts are in
+// every scope already, and "" alone would silently widen it to global.
+func scopeTopics(topics []string) ([]string, error) {
+	out := slices.Clone(topics)
+	slices.Sort(out)
+	out = slices.Compact(out)
+	for _, t := range out {
+		if t == "" {
+			return nil, fmt.Errorf("replaydpg: %w: empty topic in a scope", replayd.ErrInvalid)
+		}
+	}
+	return out, nil
+}
+
+// Handshake is what a connecting client needs, read in one snapshot.
+type Handshake struct {
+	Head int64 // the highest sequence ever assigned
+	// Replay is W: the newest min(|V|, limit) events visible to the scope
+	// above the cursor, ascending (V: every such event).
+	Replay []replayd.Event
+	// SkippedCount, SkippedFirst and SkippedLast describe M = V \ W: how many,
+	// the first and the last sequence (all 0 when M is empty).
+	SkippedCount, SkippedFirst, SkippedLast int64
+	// Watermark is the highest prune watermark of the scope's topics and the
+	// broadcasts, or of any topic for the global scope.
+	Watermark int64
+}
+
+// Handshake reads, in one REPEATABLE READ READ ONLY transaction (one round
+// trip), the head, the prune watermark and, for cursor >= 0, the replay
+// window and the skipped events above cursor in the scope named by topics
+// (empty: global; otherwise those topics and the broadcasts). limit <= 0
+// replays nothing: every visible event above the cursor is skipped. Each
+// read is O(log n) per topic plus the rows returned, wherever the cursor is.
+func (s *Store) Handshake(ctx context.Context, topics []string, cursor int64, limit int) (hs Handshake, err error) {
+	if s.isClosed() {
+		return hs, ErrClosed
+	}
+	topics, err = scopeTopics(topics)
+	if err != nil {
+		return hs, err
+	}
+	limit = max(limit, 0)
+	newest, count, scope := s.q.newestGlobal, s.q.countGlobal, []any{}
+	if len(topics) > 0 {
+		newest, count, scope = s.q.newestTopics, s.q.countTopics, []any{topics}
+	}
+	b := &pgx.Batch{}
+	b.Queue(qBeginSnapshot)
+	b.Queue(s.q.head)
+	b.Queue(s.q.watermark, topics)
+	if cursor >= 0 {
+		// One row more than the window: the newest skipped one, M's last.
+		b.Queue(newest, append(scope, cursor, limit+1)...)
+		b.Queue(count, append(scope, cursor)...)
+	}
+	b.Queue("COMMIT")
+	var (
+		rows       []replayd.Event
+		total, fst int64
+	)
+	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(&hs.Head); err != nil {
+			return err
+		}
+		if err := br.QueryRow().Scan(&hs.Watermark); err != nil {
+			return err
+		}
+		if cursor < 0 {
+			return nil
+		}
+		var err error
+		if rows, err = collectEvents(br.Query()); err != nil {
+			return err
+		}
+		return br.QueryRow().Scan(&total, &fst)
+	})
+	if err != nil {
+		return Handshake{}, fmt.Errorf("replaydpg: handshake: %w", err)
+	}
+	if len(rows) > limit {
+		hs.SkippedLast = rows[limit].Sequence
+		hs.SkippedFirst = fst
+		hs.SkippedCount = total - int64(limit)
+		rows = rows[:limit]
+	}
+	slices.Reverse(rows)
+	hs.Replay = rows
+	return hs, nil
+}
+
+// snapshot sends b, which must open a transaction first and COMMIT last,
+// reads its results with read, and closes it.
+func (s *Store) snapshot(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error {
+	br := s.pool.SendBatch(ctx, b)
+	err := func() error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		if err := read(br); err != nil {
+			return err
+		}
+		_, err := br.Exec()
+		return err
+	}()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// PollPage is one answer of a poll, read in one snapshot.
+type PollPage struct {
+	Events    []replayd.Event // the oldest limit visible events above the cursor, ascending
+	More      bool            // further visible events existed above the last one returned
+	Head      int64
+	Watermark int64 // as Handshake.Watermark
+}
+
+// Poll reads, in one REPEATABLE READ READ ONLY transaction (one round trip),
+// the oldest limit (<= 0: 100) events visible to the scope named by topics
+// (empty: global) above cursor, whether more exist, the head and the scope's
+// prune watermark.
+func (s *Store) Poll(ctx context.Context, topics []string, cursor int64, limit int) (pp PollPage, err error) {
+	if s.isClosed() {
+		return pp, ErrClosed
+	}
+	topics, err = scopeTopics(topics)
+	if err != nil {
+		return pp, err
+	}
+	limit = defaultLimit(limit)
+	oldest, scope := s.q.oldestGlobal, []any{}
+	if len(topics) > 0 {
+		oldest, scope = s.q.oldestTopics, []any{topics}
+	}
+	b := &pgx.Batch{}
+	b.Queue(qBeginSnapshot)
+	b.Queue(s.q.head)
+	b.Queue(s.q.watermark, topics)
+	b.Queue(oldest, append(scope, cursor, limit+1)...)
+	b.Queue("COMMIT")
+	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(&pp.Head); err != nil {
+			return err
+		}
+		if err := br.QueryRow().Scan(&pp.Watermark); err != nil {
+			return err
+		}
+		var err error
+		pp.Events, err = collectEvents(br.Query())
+		return err
+	})
+	if err != nil {
+		return PollPage{}, fmt.Errorf("replaydpg: poll: %w", err)
+	}
+	if len(pp.Events) > limit {
+		pp.Events, pp.More = pp.Events[:limit], true
+	}
+	return pp, nil
+}
+
+// Prune deletes the events policy condemns (all but the newest MaxEvents,
+// and those created more than MaxAge ago by the server's clock, whichever
+// deletes more), oldest first, in statements of at most 1,000 rows, each of
+// which raises the prune watermark of every topic it deleted from (the empty topic for
+// broadcasts) in the same transaction. Several nodes may prune at once;
+// each counts only the rows it deleted. It returns how many rows it deleted.
+func (s *Store) Prune(ctx context.Context, policy replayd.RetentionPolicy) (int64, error) {
+	if s.isClosed() {
+		return 0, ErrClosed
+	}
+	if policy.MaxEvents <= 0 && policy.MaxAge <= 0 {
+		return 0, nil
+	}
+	var (
+		countEdge int64              // rows with a global ordinal up to this one exceed MaxEvents
+		ageEdge   pgtype.Timestamptz // -infinity without MaxAge
+	)
+	err := s.pool.QueryRow(ctx, s.q.pruneEdges, max(policy.MaxEvents, 0), max(policy.MaxAge.Microseconds(), 0)).
+		Scan(&countEdge, &ageEdge)
+	if err != nil {
+		return 0, fmt.Errorf("replaydpg: prune: %w", err)
+	}
+	// Everything at or below the highest watermark is deleted already: start
+	// the scan there, past the dead index entries.
+	last, err := s.Watermark(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var deleted int64
+	for {
+		var (
+			n       int64
+			through *int64
+		)
+		if err := s.pool.QueryRow(ctx, s.q.pruneBatch, last, countEdge, ageEdge, pruneBatch).Scan(&n, &through); err != nil {
+			return deleted, fmt.Errorf("replaydpg: prune: %w", err)
+		}
+		deleted += n
+		if through == nil {
+			return deleted, nil
+		}
+		last = *through
+	}
+}
+
+// WaitForAppend returns nil once the head is above after, as far as this
+// store's listener knows: at once if it knows so already, otherwise when a
+// notification of a batch above after arrives, or when the listener
+// (re)connects and reads such a head. It returns ctx's error when ctx ends
+// first, and ErrClosed when the store closes. The listener is a dedicated
+// connection opened by the first call; it LISTENs before it reads the head
+// on every (re)connect, so no batch falls between. A notification can still
+// be delayed without bound by a network fault: callers keep a fallback poll.
+func (s *Store) WaitForAppend(ctx context.Context, after int64) error {
+	s.listenOnce.Do(func() { go s.listen() })
+	for {
+		s.mu.Lock()
+		known, ch, closed := s.known, s.changed, s.closed
+		s.mu.Unlock()
+		switch {
+		case closed:
+			return ErrClosed
+		case known > after:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.ctx.Done():
+			return ErrClosed
+		case <-ch:
+		}
+	}
+}
+
+// report records a head the listener learnt and wakes the waiters.
+func (s *Store) report(head int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if head <= s.known {
+		return
+	}
+	s.known = head
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// listen keeps one LISTEN connection open until Close, reconnecting with a
+// capped back-off.
+func (s *Store) listen() {
+	defer close(s.listenDone)
+	wait := 50 * time.Millisecond
+	for {
+		connected, _ := s.listenConn()
+		if connected {
+			wait = 50 * time.Millisecond
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// listenConn connects, LISTENs, reads the head, and then reports every
+// notification until the connection fails or the store closes.
+func (s *Store) listenConn() (connected bool, err error) {
+	conn, err := pgx.ConnectConfig(s.ctx, s.connCfg)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(s.ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+		return false, err
+	}
+	var head int64
+	if err := conn.QueryRow(s.ctx, s.q.head).Scan(&head); err != nil {
+		return false, err
+	}
+	s.report(head)
+	for {
+		n, err := conn.WaitForNotification(s.ctx)
+		if err != nil {
+			return true, err
+		}
+		if h, err := strconv.ParseInt(n.Payload, 10, 64); err == nil {
+			s.report(h)
+		}
+	}
+}
