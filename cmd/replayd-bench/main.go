@@ -8,7 +8,7 @@
 //
 // Usage:
 //
-//	go run ./cmd/replayd-bench           # full sizes, about two minutes
+//	go run ./cmd/replayd-bench           # full sizes, about five minutes with c100k
 //	go run ./cmd/replayd-bench -quick    # small sizes, well under a minute
 //
 // The orchestrator (this process) hosts the clients; it spawns its own
