@@ -1,7 +1,7 @@
 // Command replayd-bench is replayd's load harness. It runs the SSE server
 // in one OS process and the SSE clients in another, all on 127.0.0.1, and
-// prints a table of throughput, fan-out, latency, memory, reconnect and
-// tail figures. In the same invocation it measures a raw ceiling — a minimal
+// prints a table of throughput, fan-out, latency, memory, reconnect,
+// tail and many-connection (c100k) figures. In the same invocation it measures a raw ceiling — a minimal
 // net/http fan-out with a per-client coalescing writer and no log — and raw
 // SQLite insert loops, so every figure comes with a ratio measured on the
 // same machine at the same time.
