@@ -452,6 +452,15 @@ func (g *browserGate) dropAll() {
 	for _, cancel := range g.active {
 		cancel()
 	}
+	// A detached stream outlives its request: end it on the hub.
+	if sh, ok := g.next.(*sseHandler); ok && testDetach {
+		h := (*EventHub)(sh)
+		h.mu.Lock()
+		for s := range h.streams {
+			s.kill()
+		}
+		h.mu.Unlock()
+	}
 }
 
 // requests returns what the gate has seen so far.
@@ -493,6 +502,11 @@ func TestBrowser(t *testing.T) {
 	t.Run("Gap", func(t *testing.T) { browserTestGap(t, browser) })
 	t.Run("MultiLinePayload", func(t *testing.T) { browserTestMultiLine(t, browser) })
 	t.Run("OverloadReconnect", func(t *testing.T) { browserTestOverload(t, browser) })
+}
+
+// TestBrowserDetached runs the browser scenarios with DetachConnections on.
+func TestBrowserDetached(t *testing.T) {
+	withDetach(t, TestBrowser)
 }
 
 // Process restart: the page has events; the server goes away (listener and
@@ -613,6 +627,9 @@ func browserTestFreshPage(t *testing.T, browser context.Context) {
 	}
 
 	srv.close()
+	if testDetach {
+		gate.dropAll() // http.Server.Close does not reach detached streams
+	}
 	browserWaitNoClients(t, h)
 	want := []Event{
 		mustPublish(t, h, "room", "new 1"),

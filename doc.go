@@ -289,4 +289,42 @@
 //     and since rows at or below the head can only be pruned, never
 //     inserted, a prune watermark above the last event written ends the
 //     stream: the client reconnects and is told of the pruned rows in a gap.
+//   - SSEOptions.DetachConnections takes an HTTP/1.1 stream's connection
+//     over from net/http (http.Hijacker) once the request is admitted; the
+//     handler returns and the stream runs on one goroutine of its own, so an
+//     idle stream costs well under half its net/http memory (BENCHMARKS.md,
+//     c100k). HTTP/2, a ResponseWriter that cannot hijack (a middleware's
+//     without Unwrap) and a closed hub are served as before, automatically.
+//     The response is framed by the connection's end ("Connection: close",
+//     no Content-Length, no chunked encoding): RFC 9112 §6.3 lets any
+//     HTTP/1.x client and proxy read it; it costs no bytes per write; nginx,
+//     HAProxy and Envoy re-frame it for their own clients; and an SSE stream
+//     has no natural end a chunked terminator would mark (it ends, the client
+//     reconnects). A TLS stream is closed under its TLS layer, without
+//     close_notify (that write can wait 5s on a client that stopped
+//     reading).
+//   - A detached stream is no longer the http.Server's: Shutdown does not
+//     wait for it and Close does not end it. Shut down with the hub's Close
+//     first (it ends every stream, closes their connections and waits for
+//     their goroutines), then the server's Shutdown. Middleware that wraps the
+//     ResponseWriter sees the request but not the stream's bytes, and ending
+//     the request's context does not end a detached stream: net/http ends
+//     that context when the handler returns, so a middleware that revokes
+//     access, or times a stream out, by cancelling it (see "Who may see
+//     what" in the README) cannot reach a detached stream; leave
+//     DetachConnections off if you rely on that. The hub keeps the
+//     request's context values, and the request without its headers, which
+//     were read at admission. A MaxConnections slot is held until the
+//     detached stream ends.
+//   - Nothing reads a detached connection, so its client's leaving is not
+//     seen by net/http. On Linux one epoll instance per process (one
+//     goroutine, started with the first detached stream and stopped with the
+//     last) watches every detached socket for the client's FIN or reset and
+//     cancels the stream at once, as net/http does: the tracker, the
+//     connection gauge and MaxConnections drift by nothing. Elsewhere a write
+//     that follows a second of silence first reads the socket without
+//     blocking, so a client that left is seen at the next heartbeat at the
+//     latest (at most HeartbeatInterval, default 15s; with heartbeats off,
+//     at the next event): without that check a write to a closed socket
+//     succeeds once and only the write after it fails.
 package replayd

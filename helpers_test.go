@@ -38,6 +38,9 @@ func openTestDB(t testing.TB) (*sql.DB, string) {
 // newTestHub returns a hub on db, closed at the end of the test.
 func newTestHub(t testing.TB, db *sql.DB, opts Options) *EventHub {
 	t.Helper()
+	if testDetach {
+		opts.SSE.DetachConnections = true
+	}
 	h, err := New(db, opts)
 	if err != nil {
 		t.Fatal(err)

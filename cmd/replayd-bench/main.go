@@ -1,14 +1,14 @@
 // Command replayd-bench is replayd's load harness. It runs the SSE server
 // in one OS process and the SSE clients in another, all on 127.0.0.1, and
-// prints a table of throughput, fan-out, latency, memory, reconnect and
-// tail figures. In the same invocation it measures a raw ceiling — a minimal
+// prints a table of throughput, fan-out, latency, memory, reconnect,
+// tail and many-connection (c100k) figures. In the same invocation it measures a raw ceiling — a minimal
 // net/http fan-out with a per-client coalescing writer and no log — and raw
 // SQLite insert loops, so every figure comes with a ratio measured on the
 // same machine at the same time.
 //
 // Usage:
 //
-//	go run ./cmd/replayd-bench           # full sizes, about two minutes
+//	go run ./cmd/replayd-bench           # full sizes, about five minutes with c100k
 //	go run ./cmd/replayd-bench -quick    # small sizes, well under a minute
 //
 // The orchestrator (this process) hosts the clients; it spawns its own
@@ -27,6 +27,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -61,6 +62,7 @@ type config struct {
 	TailInterval  time.Duration // StartTail interval
 	IdleCPUDur    time.Duration // idle CPU window
 	PhaseDeadline time.Duration // hard deadline of each measurement
+	C100k         c100kConfig   // the c100k phase
 }
 
 var sizes = map[string]config{
@@ -73,6 +75,7 @@ var sizes = map[string]config{
 		TailClients: 10, TailRate: 50, TailDur: 4 * time.Second, TailInterval: 10 * time.Millisecond,
 		IdleCPUDur:    5 * time.Second,
 		PhaseDeadline: 60 * time.Second,
+		C100k:         c100kConfig{Conns: 100_000, Heartbeat: 15 * time.Second, CPUWindow: 30 * time.Second, Broadcasts: 7, Deadline: 4 * time.Minute},
 	},
 	"quick": {
 		PublishDur: 500 * time.Millisecond, Publishers: []int{1, 8, 64},
@@ -83,6 +86,7 @@ var sizes = map[string]config{
 		TailClients: 5, TailRate: 50, TailDur: time.Second, TailInterval: 10 * time.Millisecond,
 		IdleCPUDur:    time.Second,
 		PhaseDeadline: 30 * time.Second,
+		C100k:         c100kConfig{Conns: 10_000, Heartbeat: 15 * time.Second, CPUWindow: 15 * time.Second, Broadcasts: 5, Deadline: 2 * time.Minute},
 	},
 	// tiny proves the harness works (main_test.go); its figures mean little.
 	"tiny": {
@@ -94,10 +98,11 @@ var sizes = map[string]config{
 		TailClients: 2, TailRate: 50, TailDur: 200 * time.Millisecond, TailInterval: 10 * time.Millisecond,
 		IdleCPUDur:    100 * time.Millisecond,
 		PhaseDeadline: 15 * time.Second,
+		C100k:         c100kConfig{Conns: 20, Heartbeat: 100 * time.Millisecond, CPUWindow: 300 * time.Millisecond, Broadcasts: 2, Deadline: 20 * time.Second},
 	},
 }
 
-var allPhases = []string{"publish", "fanout", "latency", "idle", "storm", "tail"}
+var allPhases = []string{"publish", "fanout", "latency", "idle", "storm", "tail", "c100k"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("replayd-bench", flag.ContinueOnError)
@@ -106,6 +111,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	size := fs.String("size", "full", "sizes: full, quick or tiny")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated")
 	verbose := fs.Bool("v", false, "log progress to stderr")
+	conns := fs.Int("conns", 0, "connections in the c100k phase (default: the size's)")
+	fanout := fs.String("fanout-clients", "", "client counts of the fan-out phase, comma-separated (default: the size's)")
+	modes := fs.String("c100k-modes", "raw,hub,detach", "servers measured by the c100k phase, in order")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,6 +125,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unknown size %q", *size)
 	}
 	cfg.extra = extraSizes[*size]
+	if *conns > 0 {
+		cfg.C100k.Conns = *conns
+	}
+	cfg.C100k.Modes = strings.Split(*modes, ",")
+	if *fanout != "" {
+		cfg.FanoutClients = nil
+		for _, f := range strings.Split(*fanout, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bad -fanout-clients %q", *fanout)
+			}
+			cfg.FanoutClients = append(cfg.FanoutClients, n)
+		}
+	}
 	raiseFileLimit()
 	dir, err := os.MkdirTemp("", "replayd-bench-")
 	if err != nil {
@@ -171,6 +193,8 @@ func (b *bench) phase(ctx context.Context, name string) error {
 		return b.stormPhase(ctx)
 	case "tail":
 		return b.tailPhase(ctx)
+	case "c100k":
+		return b.c100kPhase(ctx)
 	}
 	return nil
 }

@@ -177,8 +177,8 @@ func (b *bench) publishPhase(ctx context.Context) error {
 func (b *bench) fanoutPhase(ctx context.Context) error {
 	for _, n := range b.cfg.FanoutClients {
 		events := max(b.cfg.FanoutFrames/n, 10)
-		var res [2]fanout
-		for i, mode := range []string{"raw", "hub"} {
+		var res [3]fanout
+		for i, mode := range []string{"raw", "hub", "detach"} {
 			err := b.withDeadline(ctx, func(ctx context.Context) error {
 				var err error
 				res[i], err = b.fanoutOnce(ctx, mode, n, events)
@@ -198,6 +198,16 @@ func (b *bench) fanoutPhase(ctx context.Context) error {
 			}
 		}
 		b.add(r)
+		d := row{Figure: fmt.Sprintf("fan-out, %s clients, DetachConnections, frames/s", num(float64(n))),
+			Replayd: res[2].String(), Raw: "today's path: " + res[1].String()}
+		if res[1].err == nil && res[2].err == nil {
+			x, s := ratio(res[2].rate, res[1].rate)
+			d.Ratio = s
+			if n == 1000 {
+				d.Target, d.Status = "≥ 0.95× today's path", status(x >= 0.95)
+			}
+		}
+		b.add(d)
 	}
 	return nil
 }
@@ -371,8 +381,8 @@ func (b *bench) latencyOnce(ctx context.Context, mode string, n, rate, events in
 // over 100 topics; the difference per connection. Measured twice: as the
 // kernel sees it, and after runtime.GC + debug.FreeOSMemory.
 func (b *bench) idlePhase(ctx context.Context) error {
-	var res [2]idle
-	for i, mode := range []string{"raw", "hub"} {
+	var res [3]idle
+	for i, mode := range []string{"raw", "hub", "detach"} {
 		err := b.withDeadline(ctx, func(ctx context.Context) error {
 			var err error
 			res[i], err = b.idleOnce(ctx, mode, b.cfg.IdleClients)
@@ -389,6 +399,13 @@ func (b *bench) idlePhase(ctx context.Context) error {
 		r.Status = status(res[1].perConn <= 20<<10)
 	}
 	b.add(r)
+	d := row{Figure: fmt.Sprintf("memory per idle connection, DetachConnections (0 → %s clients)", num(float64(b.cfg.IdleClients))),
+		Replayd: res[2].String(), Raw: "raw ceiling: " + res[0].String(), Target: "≤ 12 KiB"}
+	if res[0].err == nil && res[2].err == nil {
+		_, d.Ratio = ratio(res[2].perConn, res[0].perConn)
+		d.Status = status(res[2].perConn <= 12<<10)
+	}
+	b.add(d)
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/exec"
 	"runtime"
@@ -37,7 +38,7 @@ const (
 )
 
 type serverConfig struct {
-	Mode        string        // "hub" or "raw"
+	Mode        string        // "hub", "detach" (a hub with DetachConnections) or "raw"
 	DB          string        // the hub's database file
 	MaxBuffered int           // SSEOptions.MaxBufferedBytes
 	Heartbeat   time.Duration // SSEOptions.HeartbeatInterval
@@ -74,6 +75,9 @@ type server struct {
 
 func runServer(cfg serverConfig, stdin io.Reader, stdout io.Writer) error {
 	raiseFileLimit()
+	if os.Getenv("REPLAYD_BENCH_MEMPROFILE") == "1" {
+		runtime.MemProfileRate = 1 // /ctl/heap sees every allocation
+	}
 	deadline := time.AfterFunc(cfg.Deadline, func() {
 		fmt.Fprintln(os.Stderr, "replayd-bench server: deadline passed; exiting")
 		os.Exit(3)
@@ -83,7 +87,7 @@ func runServer(cfg serverConfig, stdin io.Reader, stdout io.Writer) error {
 	s := &server{cfg: cfg}
 	mux := http.NewServeMux()
 	switch cfg.Mode {
-	case "hub":
+	case "hub", "detach":
 		db, err := replayd.OpenDB(cfg.DB)
 		if err != nil {
 			return err
@@ -92,6 +96,7 @@ func runServer(cfg serverConfig, stdin io.Reader, stdout io.Writer) error {
 		hub, err := replayd.New(db, replayd.Options{SSE: replayd.SSEOptions{
 			MaxBufferedBytes:  cfg.MaxBuffered,
 			HeartbeatInterval: cfg.Heartbeat,
+			DetachConnections: cfg.Mode == "detach",
 		}})
 		if err != nil {
 			return err
@@ -111,6 +116,7 @@ func runServer(cfg serverConfig, stdin io.Reader, stdout io.Writer) error {
 	mux.HandleFunc("/ctl/pubbench", s.handlePubBench)
 	mux.HandleFunc("/ctl/rawinsert", s.handleRawInsert)
 	mux.HandleFunc("/ctl/tail", s.handleTail)
+	mux.Handle("/ctl/heap", pprof.Handler("heap")) // ?gc=1 collects first
 	s.registerExtra(mux)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -118,6 +124,8 @@ func runServer(cfg serverConfig, stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// The hub is closed before Shutdown (below): Shutdown does not wait for
+	// detached streams, and Close ends them.
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	fmt.Fprintf(stdout, "ADDR %s\n", ln.Addr())
@@ -165,11 +173,15 @@ func queryDur(r *http.Request, name string, def time.Duration) time.Duration {
 	return def
 }
 
-// handleStats reports RSS, CPU and goroutines; ?gc=1 first runs a GC and
+// handleStats reports RSS, CPU and goroutines; ?gc=n first runs n GCs and
 // returns freed memory to the OS.
 func (s *server) handleStats(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Query().Get("gc") == "1" {
-		runtime.GC()
+	// ?gc=n runs n collections (each may halve an idle goroutine's stack),
+	// then FreeOSMemory (one more).
+	if n := queryInt(r, "gc", 0); n > 0 {
+		for range n {
+			runtime.GC()
+		}
 		debug.FreeOSMemory()
 	}
 	var ms runtime.MemStats
@@ -490,10 +502,19 @@ func (p *serverProc) ctl(ctx context.Context, path string, out any) error {
 }
 
 func (p *serverProc) stats(ctx context.Context, gc bool) (procStats, error) {
+	n := 0
+	if gc {
+		n = 1
+	}
+	return p.statsGC(ctx, n)
+}
+
+// statsGC reads the stats after n GCs and FreeOSMemory (none if n is 0).
+func (p *serverProc) statsGC(ctx context.Context, n int) (procStats, error) {
 	var st procStats
 	path := "/ctl/stats"
-	if gc {
-		path += "?gc=1"
+	if n > 0 {
+		path += "?gc=" + strconv.Itoa(n)
 	}
 	err := p.ctl(ctx, path, &st)
 	return st, err

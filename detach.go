@@ -1,0 +1,312 @@
+package replayd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// A detached stream (SSEOptions.DetachConnections) runs on the HTTP/1.1
+// connection taken over from net/http: the handler returns at once, so
+// net/http's serving goroutine, its background read and its buffers go,
+// and the stream lives on as the socket, the stream's own state and one
+// goroutine that runs serveStream unchanged. It writes through connWriter,
+// a ResponseWriter over the bare connection, so serveStream and the
+// stream's queue, deadline and kill logic are the same on both paths.
+
+// startStream serves an admitted stream request: on w, or, detached, on
+// w's connection from a goroutine of its own once w's handler returned.
+// HTTP/2, a ResponseWriter that cannot flush (serveStream refuses it) or
+// cannot hijack, and a closed hub are served on w. *release frees the
+// request's admission (its MaxConnections slot): a detached stream takes
+// it over, calling it when the stream ends, and leaves a no-op in its
+// place for the handler's return.
+func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string, release *func()) {
+	if !h.opts.SSE.DetachConnections || r.ProtoMajor != 1 || !canFlush(w) {
+		h.serveStream(w, r, topics, rawCursor)
+		return
+	}
+	// Close waits for the goroutine below as for any stream.
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		h.serveStream(w, r, topics, rawCursor) // refuses: shutting down
+		return
+	}
+	h.wg.Add(1)
+	h.mu.Unlock()
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		h.wg.Done()
+		h.serveStream(w, r, topics, rawCursor)
+		return
+	}
+	// The bufio.ReadWriter is dropped: nothing more is read from the
+	// connection (the response ends with it), and its buffers go with the
+	// rest of net/http's per-connection state.
+	cw := newConnWriter(conn, w.Header())
+	// The request's context ends when this handler returns; the stream's
+	// ends with the stream. Its values are kept. So is the request, but
+	// for its headers: they were read at admission, and a browser's
+	// (cookies included) can weigh more than the rest of the stream.
+	ctx := newStreamCtx(r.Context())
+	cancel := ctx.cancel
+	r = &http.Request{
+		Method: r.Method, URL: r.URL, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
+		Host: r.Host, RemoteAddr: r.RemoteAddr, RequestURI: r.RequestURI, TLS: r.TLS,
+		Header: http.Header{}, Body: http.NoBody,
+	}
+	r = r.WithContext(ctx)
+	// The client's leaving cancels it, as net/http's background read does
+	// (Linux); elsewhere the stream sees it at its next write.
+	if cw.raw != nil {
+		if unwatch, ok := watchDeparture(cw.raw, cancel); ok {
+			cw.unwatch, cw.checkAtWrite = unwatch, false
+		}
+	}
+	cw.release, *release = *release, func() {}
+	if testHookDetached != nil {
+		testHookDetached()
+	}
+	go h.serveDetached(cw, r, topics, rawCursor, cancel)
+}
+
+// serveDetached runs a detached stream and closes its connection. An idle
+// stream's goroutine sits in the live loop's select: its frame, like
+// serveStream's, stays on the stack (see liveLoop).
+func (h *EventHub) serveDetached(cw *connWriter, r *http.Request, topics []string, rawCursor string, cancel func()) {
+	defer h.endDetached(cw, r, cancel)
+	h.serveStream(cw, r, topics, rawCursor)
+}
+
+// endDetached closes a detached stream's connection and frees its
+// admission. A panic (a HeartbeatData function's, say) ends only this
+// stream, logged, as net/http does for a handler's.
+func (h *EventHub) endDetached(cw *connWriter, r *http.Request, cancel func()) {
+	if p := recover(); p != nil {
+		buf := make([]byte, 64<<10)
+		buf = buf[:runtime.Stack(buf, false)]
+		h.logger.Error("replayd: panic serving a detached stream", "remote", r.RemoteAddr, "panic", fmt.Sprint(p), "stack", string(buf))
+	}
+	cw.close()
+	cancel()
+	cw.release()
+	h.wg.Done()
+}
+
+// testHookDetached, if set, is called for each stream that detaches.
+var testHookDetached func()
+
+// connWriter is an http.ResponseWriter over a hijacked HTTP/1.1
+// connection. The response has no Content-Length and no chunked encoding:
+// it is delimited by the connection's end (Connection: close), which every
+// HTTP/1.x client and proxy reads (RFC 9112 §6.3), and which costs nothing
+// per write. Writes go to the socket at once; there is no buffer to flush.
+//
+// It is used by one goroutine, except SetWriteDeadline, which the stream's
+// kill calls from any goroutine (net.Conn allows that).
+type connWriter struct {
+	conn         net.Conn
+	raw          syscall.RawConn // the socket under conn; nil if unknown
+	checkAtWrite bool            // look for the client's end before a write after a silence
+	unwatch      func()          // ends the departure watch; nil: none
+	release      func()          // frees the request's admission, once the stream ended
+	header       http.Header     // until the head is written
+	status       int
+	head         bool      // the status line and headers were written
+	idle         time.Time // when the last write ended
+}
+
+func newConnWriter(conn net.Conn, header http.Header) *connWriter {
+	cw := &connWriter{conn: conn, header: header, status: http.StatusOK}
+	nc := conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			cw.raw, cw.checkAtWrite = raw, departureCheck
+		}
+	}
+	return cw
+}
+
+func (cw *connWriter) Header() http.Header {
+	if cw.header == nil {
+		cw.header = http.Header{} // written already: changes are lost, as with net/http
+	}
+	return cw.header
+}
+
+func (cw *connWriter) WriteHeader(code int) {
+	if !cw.head {
+		cw.status = code
+	}
+}
+
+// departureIdle is how long a connection must have been silent before a
+// write first checks whether the client left.
+const departureIdle = time.Second
+
+func (cw *connWriter) Write(b []byte) (int, error) {
+	if !cw.head {
+		return cw.writeHead(b)
+	}
+	// A client that left is seen by the write after the one its FIN
+	// answered; a stream that only gets heartbeats would be held a whole
+	// interval more. So a write after a silence first looks, without
+	// blocking, for the client's end of the connection.
+	if cw.checkAtWrite && time.Since(cw.idle) >= departureIdle && cw.clientGone() {
+		return 0, errClientGone
+	}
+	n, err := cw.conn.Write(b)
+	cw.idle = time.Now()
+	return n, err
+}
+
+var errClientGone = errors.New("replayd: the client closed the connection")
+
+// writeHead writes the status line, the headers and b in one write.
+func (cw *connWriter) writeHead(b []byte) (int, error) {
+	bp := bufPool.Get().(*[]byte)
+	buf := (*bp)[:0]
+	buf = append(buf, "HTTP/1.1 "...)
+	buf = strconv.AppendInt(buf, int64(cw.status), 10)
+	buf = append(buf, ' ')
+	buf = append(buf, http.StatusText(cw.status)...)
+	buf = append(buf, "\r\n"...)
+	cw.header.Del("Content-Length")
+	cw.header.Del("Transfer-Encoding")
+	cw.header.Set("Connection", "close")
+	if cw.header.Get("Date") == "" {
+		cw.header.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	}
+	hw := appendWriter{buf}
+	_ = cw.header.Write(&hw)
+	buf = append(hw.b, "\r\n"...)
+	n := len(buf)
+	buf = append(buf, b...)
+	cw.head, cw.header = true, nil
+	m, err := cw.conn.Write(buf)
+	cw.idle = time.Now()
+	if cap(buf) <= 64<<10 {
+		*bp = buf[:0]
+		bufPool.Put(bp)
+	}
+	return max(m-n, 0), err
+}
+
+type appendWriter struct{ b []byte }
+
+func (w *appendWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
+
+// FlushError writes the head if nothing was written yet; writes are not
+// buffered otherwise.
+func (cw *connWriter) FlushError() error {
+	if !cw.head {
+		_, err := cw.writeHead(nil)
+		return err
+	}
+	return nil
+}
+
+func (cw *connWriter) SetWriteDeadline(t time.Time) error { return cw.conn.SetWriteDeadline(t) }
+
+// close ends the response by closing the connection. A TLS connection is
+// closed under its TLS layer, without close_notify: that alert is a write
+// that can wait up to 5s on a client that stopped reading, and the stream
+// ends either way (an EventSource reconnects).
+func (cw *connWriter) close() {
+	if cw.unwatch != nil {
+		cw.unwatch()
+	}
+	if tc, ok := cw.conn.(*tls.Conn); ok {
+		_ = tc.NetConn().Close()
+		return
+	}
+	_ = cw.conn.Close()
+}
+
+// streamCtx is a detached stream's context: the request's values, done
+// when the stream ends or its client leaves. It is lighter than
+// context.WithCancel under a stream held for hours: a context derived from
+// it (a log read's) registers through AfterFunc, and leaves nothing behind
+// once done, where a cancelCtx keeps the map it once needed.
+type streamCtx struct {
+	values context.Context // the request's context, for Value only
+
+	mu    sync.Mutex
+	done  chan struct{}
+	err   error
+	after []*func() // registered by AfterFunc; nil entries were stopped
+}
+
+func newStreamCtx(r context.Context) *streamCtx {
+	return &streamCtx{values: r, done: make(chan struct{})}
+}
+
+func (c *streamCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c *streamCtx) Done() <-chan struct{}       { return c.done }
+func (c *streamCtx) Value(key any) any           { return c.values.Value(key) }
+
+func (c *streamCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// cancel ends the context, once, and runs the functions registered.
+func (c *streamCtx) cancel() {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = context.Canceled
+	close(c.done)
+	after := c.after
+	c.after = nil
+	c.mu.Unlock()
+	for _, f := range after {
+		if f != nil {
+			go (*f)()
+		}
+	}
+}
+
+// AfterFunc is what the context package uses to tie a derived context to
+// this one (as context.AfterFunc does for its own): f runs on a goroutine
+// of its own once c is done, unless stop was called first.
+func (c *streamCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		go f()
+		return func() bool { return false }
+	}
+	p := &f
+	c.after = append(c.after, p)
+	c.mu.Unlock()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, q := range c.after {
+			if q == p {
+				c.after = append(c.after[:i], c.after[i+1:]...)
+				if len(c.after) == 0 {
+					c.after = nil
+				}
+				return true
+			}
+		}
+		return false
+	}
+}
