@@ -208,8 +208,9 @@ const pruneBatch = 1000
 // they queue here instead of in SQLite's sleeping busy handler; other
 // processes' writes are waited for by the busy timeout.
 type sqliteStore struct {
-	db   *sql.DB
-	file *fileGuard // the database file's identity (see fileid.go); the hub checks it before commits
+	db    *sql.DB
+	file  *fileGuard // the database file's identity (see fileid.go); the hub checks it before commits
+	stmts stmtCache  // the reads' prepared statements
 
 	// writeMu serialises the write transactions of this store and guards
 	// writer and closed.
@@ -603,15 +604,14 @@ type handshake struct {
 // index entries only, never a payload: the window itself is read page by
 // page afterwards (see readPage).
 func (l *sqliteStore) readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (hs handshake, err error) {
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return hs, err
-	}
-	defer func() {
-		if cerr := tx.Commit(); err == nil {
-			err = cerr
-		}
-	}()
+	err = l.readTx(ctx, func(tx querier) error {
+		hs, err = l.handshakeTx(ctx, tx, topics, cursor, limit)
+		return err
+	})
+	return hs, err
+}
+
+func (l *sqliteStore) handshakeTx(ctx context.Context, tx querier, topics []string, cursor int64, limit int) (hs handshake, err error) {
 	if hs.head, err = l.head(ctx, tx); err != nil || cursor < 0 || cursor >= hs.head {
 		return hs, err
 	}

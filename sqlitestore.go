@@ -59,6 +59,7 @@ func (l *sqliteStore) Close() error {
 	defer l.writeMu.Unlock()
 	l.closed = true
 	l.releaseWriter(false)
+	l.stmts.close()
 	return nil
 }
 
@@ -104,7 +105,7 @@ func (l *sqliteStore) Head(ctx context.Context) (int64, error) { return l.head(c
 // Read reads a page in one read transaction (see Store.Read).
 func (l *sqliteStore) Read(ctx context.Context, req ReadRequest) (p Page, err error) {
 	req = req.withDefaults()
-	err = l.readTx(ctx, func(tx *sql.Tx) error {
+	err = l.readTx(ctx, func(tx querier) error {
 		// One row more than the limit tells More.
 		rows, err := tx.QueryContext(ctx, scopeQuery(kindReplay, len(req.Scope)), scopeArgs(req.Scope, req.After, req.Through, min(req.Limit, maxInt-1)+1)...)
 		if err != nil {
@@ -160,7 +161,7 @@ func (l *sqliteStore) Window(ctx context.Context, scope []string, cursor int64, 
 // Count counts a scope's events in (after, before) by their ordinals (see
 // span), in one read transaction.
 func (l *sqliteStore) Count(ctx context.Context, scope []string, after, before int64) (n int64, err error) {
-	err = l.readTx(ctx, func(tx *sql.Tx) error {
+	err = l.readTx(ctx, func(tx querier) error {
 		s, err := l.span(ctx, tx, scope, after, before)
 		n = s.count
 		return err
@@ -192,18 +193,22 @@ func (l *sqliteStore) ProbeWrite(ctx context.Context) error {
 	return l.probeWrite(ctx)
 }
 
-// readTx runs fn in one read transaction: one snapshot of the log.
-func (l *sqliteStore) readTx(ctx context.Context, fn func(*sql.Tx) error) (err error) {
+// readTx runs fn in one read transaction: one snapshot of the log, read
+// with the store's prepared statements.
+func (l *sqliteStore) readTx(ctx context.Context, fn func(querier) error) (err error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if cerr := tx.Commit(); err == nil {
-			err = cerr
-		}
-	}()
-	return fn(tx)
+	q := &cachedTx{c: &l.stmts, tx: tx}
+	err = fn(q)
+	if cerr := tx.Commit(); err == nil {
+		err = cerr
+	}
+	if err == nil && len(q.missing) > 0 {
+		l.stmts.prepare(ctx, l.db, q.missing) // now that the connection is back
+	}
+	return err
 }
 
 // lockCtx takes mu, or gives up when ctx ends. A lock taken after giving up
