@@ -112,7 +112,7 @@
 //
 //   - New creates the schema; [EventHub.EnsureSchema] remains for explicit use
 //     (for example by a migration step) and is idempotent.
-//   - Storage is a [Store] (§14): New is [NewWithStore] over the SQLite store
+//   - Storage is a [Store]: New is [NewWithStore] over the SQLite store
 //     ([NewSQLiteStore]); the hub closes that store (its writer's
 //     connection) on Close, but never a Store given to NewWithStore, nor the
 //     *sql.DB. Capabilities beyond the contract are small optional
