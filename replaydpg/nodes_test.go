@@ -52,9 +52,8 @@ func TestNodesInProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	// The parent's store creates the schema before any node opens it (two
-	// concurrent CREATE TABLE IF NOT EXISTS may collide), and records the
-	// log as it grows, so rows pruned before the end are still known.
+	// The parent's store records the log as it grows, so rows pruned
+	// before the end are still known.
 	rec := openPrefixDSN(t, prefix, dsn)
 	tr := &truth{rows: map[int64]nodeRow{}}
 	recDone := make(chan struct{})
