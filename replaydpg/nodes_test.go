@@ -142,8 +142,14 @@ func TestNodesInProcesses(t *testing.T) {
 	}
 	defer func() { ccancel(); cwg.Wait() }()
 
-	// Run, kill node 1, restart it, run on.
+	// Run (until node 0 has pruned, at least 2 s), kill node 1, restart
+	// it, run on.
 	sleepCtx(ctx, 2*time.Second)
+	select {
+	case <-prunedOnce:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("node 0 pruned nothing within 20s: %s", nodes[0].errBuf.String())
+	}
 	nodes[1].kill()
 	nodes[1].wait()
 	cl.setAddr(1, "", 1)
