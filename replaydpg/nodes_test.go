@@ -1,0 +1,788 @@
+package replaydpg
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/replayd/replayd"
+)
+
+// Three nodes as three OS processes (this test binary re-executed), each a
+// hub on one PostgreSQL log with StartTail and its SSE handler on
+// 127.0.0.1, publishing from two goroutines; node 0 prunes; node 1 is
+// killed with SIGKILL mid-run and restarted. SSE clients in this process
+// connect to the nodes and hop between them with their Last-Event-ID. At
+// the end every client must have received every event visible to its
+// scope above its starting cursor exactly once, in order, or inside a gap
+// frame's range (SPEC §1, §14), and every resume on a node other than the
+// one the client left must continue exactly at its cursor.
+
+const (
+	nodeDSNEnv    = "REPLAYD_PG_NODE_DSN"    // run as a node on this DSN
+	nodePrefixEnv = "REPLAYD_PG_NODE_PREFIX" // its table prefix
+	nodeNameEnv   = "REPLAYD_PG_NODE_NAME"   // prefix of its event ids
+	nodePruneEnv  = "REPLAYD_PG_NODE_PRUNE"  // "1": prune in a loop
+	nodeKeep      = 600                      // the pruning node keeps the newest nodeKeep events
+)
+
+var nodeTopics = []string{"a", "b", "c", ""}
+
+func TestNodesInProcesses(t *testing.T) {
+	if dsn := os.Getenv(nodeDSNEnv); dsn != "" {
+		runNode(dsn, os.Getenv(nodePrefixEnv), os.Getenv(nodeNameEnv), os.Getenv(nodePruneEnv) == "1")
+		os.Exit(0)
+	}
+	dsn, prefix := testDSN(t), testPrefix(t)
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// The parent's store records the log as it grows, so rows pruned
+	// before the end are still known.
+	rec := openPrefixDSN(t, prefix, dsn)
+	tr := &truth{rows: map[int64]nodeRow{}}
+	recDone := make(chan struct{})
+	recStop := make(chan struct{})
+	var recAfter int64
+	recordOnce := func() error {
+		for {
+			evs, err := rec.ReadAfter(ctx, recAfter, 1000)
+			if err != nil {
+				return err
+			}
+			if len(evs) == 0 {
+				return nil
+			}
+			for _, ev := range evs {
+				tr.add(ev.Sequence, ev.EventID, ev.Topic, "log")
+			}
+			recAfter = evs[len(evs)-1].Sequence
+		}
+	}
+	go func() {
+		defer close(recDone)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-recStop:
+				return
+			case <-tick.C:
+				if err := recordOnce(); err != nil {
+					tr.fail("recorder: %v", err)
+				}
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-recStop:
+		default:
+			close(recStop)
+		}
+		<-recDone
+	}()
+
+	cl := &cluster{t: t, tr: tr}
+	start := func(i, gen int) *nodeProc {
+		p := startNode(t, tr, dsn, prefix, fmt.Sprintf("n%dg%d", i, gen), i == 0)
+		select {
+		case addr := <-p.addr:
+			cl.setAddr(i, addr, gen)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("node %d did not start within 20s: %s", i, p.errBuf.String())
+		}
+		return p
+	}
+	nodes := []*nodeProc{start(0, 1), start(1, 1), start(2, 1)}
+	prunedOnce := nodes[0].prunedOnce
+
+	// Clients: every scope shape, on every node; two stay on node 1 until
+	// it dies, two join from cursor 0 once node 0 has pruned (a pruned
+	// gap, then the retained events), the others from the head.
+	scopes := [][]string{nil, {"a"}, {"a", "b"}, {"c"}, nil, {"b"}, {"a"}, nil}
+	clients := make([]*nodeClient, len(scopes))
+	cctx, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	var cwg sync.WaitGroup
+	for i, scope := range scopes {
+		c := &nodeClient{name: fmt.Sprintf("client%d%v", i, scope), scope: scope, node: i % 3, fromZero: i == 2 || i == 7, sticky: i == 1 || i == 4}
+		if c.sticky {
+			c.node = 1
+		}
+		clients[i] = c
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			if c.fromZero {
+				// Join from cursor 0 once node 0 has pruned: a pruned gap.
+				select {
+				case <-prunedOnce:
+				case <-cctx.Done():
+					return
+				}
+			}
+			c.run(cctx, cl, tr, rand.New(rand.NewPCG(uint64(i), uint64(began.UnixNano()))))
+		}()
+	}
+	defer func() { ccancel(); cwg.Wait() }()
+
+	// Run (until node 0 has pruned, at least 2 s), kill node 1, restart
+	// it, run on.
+	sleepCtx(ctx, 2*time.Second)
+	select {
+	case <-prunedOnce:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("node 0 pruned nothing within 20s: %s", nodes[0].errBuf.String())
+	}
+	nodes[1].kill()
+	nodes[1].wait()
+	cl.setAddr(1, "", 1)
+	killedAt := time.Now()
+	nodes[1] = start(1, 2)
+	t.Logf("node 1 killed at %v, back after %v", killedAt.Sub(began).Round(time.Millisecond), time.Since(killedAt).Round(time.Millisecond))
+	sleepCtx(ctx, 3*time.Second)
+
+	// Quiesce: every node stops publishing and says so; then every event
+	// is committed, and the recorder reads the rest.
+	for i, p := range nodes {
+		io.WriteString(p.stdin, "stop\n")
+		select {
+		case <-p.stopped:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("node %d did not stop publishing within 20s: %s", i, p.errBuf.String())
+		}
+	}
+	close(recStop)
+	<-recDone
+	if err := recordOnce(); err != nil {
+		t.Fatal(err)
+	}
+	pruned := nodes[0].prunedTotal()
+
+	// Every client catches up with the newest event of its scope.
+	deadline := time.Now().Add(20 * time.Second)
+	for _, c := range clients {
+		target := tr.last(c.scope)
+		for c.cursorNow() < target {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s reached %d, not %d, within 20s", c.name, c.cursorNow(), target)
+			}
+			sleepCtx(ctx, 20*time.Millisecond)
+		}
+	}
+	ccancel()
+	cwg.Wait()
+
+	// The oracle.
+	if errs := tr.errors(); len(errs) > 0 {
+		t.Fatalf("%d violations, the first: %v", len(errs), errs[:min(len(errs), 10)])
+	}
+	var resumes, exact, gaps, killedResumes, onRestarted int
+	for _, c := range clients {
+		c.check(t, tr)
+		resumes += c.resumes
+		exact += c.exact
+		gaps += len(c.gaps)
+		killedResumes += c.killed
+		onRestarted += c.onRestarted
+	}
+	if pruned == 0 {
+		t.Errorf("node 0 pruned nothing: the run did not exercise retention")
+	}
+	if killedResumes == 0 {
+		t.Errorf("no client lost its stream to the kill")
+	}
+	if onRestarted == 0 {
+		t.Errorf("no client connected to the restarted node")
+	}
+	if exact == 0 {
+		t.Errorf("no client resumed on another node without a gap (%d resumes)", resumes)
+	}
+	if gaps == 0 {
+		t.Errorf("no gap frame: the clients joining from cursor 0 after pruning got none")
+	}
+	t.Logf("%d events (%d acknowledged), head %d, %d pruned by node 0; %d resumes on another node (%d exact with no gap, %d after the kill, %d onto the restarted node), %d gap frames; %v",
+		tr.count(), tr.acked(), tr.head(), pruned, resumes, exact, killedResumes, onRestarted, gaps, time.Since(began).Round(time.Millisecond))
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+}
+
+// nodeRow is what is known of one sequence: its event id and topic.
+type nodeRow struct {
+	id, topic string
+	acked     bool
+}
+
+// truth gathers every committed event from every source (acknowledgements,
+// the recorder's reads, the clients' frames) and the violations found.
+type truth struct {
+	mu   sync.Mutex
+	rows map[int64]nodeRow
+	errs []string
+}
+
+func (tr *truth) add(seq int64, id, topic, source string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	r, ok := tr.rows[seq]
+	if ok && (r.id != id || r.topic != topic) {
+		tr.errs = append(tr.errs, fmt.Sprintf("sequence %d is %s/%q to %s, but %s/%q elsewhere", seq, id, topic, source, r.id, r.topic))
+		return
+	}
+	r.id, r.topic = id, topic
+	r.acked = r.acked || source == "ack"
+	tr.rows[seq] = r
+}
+
+func (tr *truth) fail(format string, args ...any) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.errs = append(tr.errs, fmt.Sprintf(format, args...))
+}
+
+func (tr *truth) errors() []string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return slices.Clone(tr.errs)
+}
+
+// visible returns the sequences visible to scope, ascending.
+func (tr *truth) visible(scope []string) []int64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var out []int64
+	for seq, r := range tr.rows {
+		if scopeSees(scope, r.topic) {
+			out = append(out, seq)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (tr *truth) last(scope []string) int64 {
+	v := tr.visible(scope)
+	if len(v) == 0 {
+		return 0
+	}
+	return v[len(v)-1]
+}
+
+func (tr *truth) head() int64 { return tr.last(nil) }
+
+func (tr *truth) count() int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return len(tr.rows)
+}
+
+func (tr *truth) acked() int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	n := 0
+	for _, r := range tr.rows {
+		if r.acked {
+			n++
+		}
+	}
+	return n
+}
+
+func scopeSees(scope []string, topic string) bool {
+	return len(scope) == 0 || topic == "" || slices.Contains(scope, topic)
+}
+
+// cluster is the nodes' current addresses ("" while one is down).
+type cluster struct {
+	t     *testing.T
+	tr    *truth
+	mu    sync.Mutex
+	addrs [3]string
+	gens  [3]int
+}
+
+func (cl *cluster) setAddr(i int, addr string, gen int) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	cl.addrs[i], cl.gens[i] = addr, gen
+}
+
+func (cl *cluster) addr(i int) (string, int) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.addrs[i], cl.gens[i]
+}
+
+// nodeClient is an SSE client hopping between nodes.
+type nodeClient struct {
+	name     string
+	scope    []string
+	node     int  // the node it is on, or tries next
+	fromZero bool // first connection sends Last-Event-ID 0
+	sticky   bool // leaves its node only when the stream ends
+
+	mu          sync.Mutex
+	connected   bool // a first hello was read
+	start       int64
+	cursor      int64
+	seqs        []int64
+	gaps        [][2]int64 // missedFrom, missedThrough
+	resumes     int        // connections after the first (always on another node)
+	killed      int        // resumes after a stream the client did not end
+	onRestarted int        // connections to a node's second generation
+	exact       int        // resumes on another node that went on at the cursor with no gap
+}
+
+func (c *nodeClient) cursorNow() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cursor
+}
+
+// run connects, reads, and hops to another node until ctx ends: a
+// non-sticky client leaves after a random 300-1200 ms; any client leaves
+// when its stream ends (its node was killed).
+func (c *nodeClient) run(ctx context.Context, cl *cluster, tr *truth, rng *rand.Rand) {
+	lostStream := false
+	for ctx.Err() == nil {
+		base, gen := cl.addr(c.node)
+		if base == "" {
+			c.node = (c.node + 1) % 3
+			sleepCtx(ctx, 10*time.Millisecond)
+			continue
+		}
+		life := time.Hour
+		if !c.sticky {
+			life = time.Duration(300+rng.IntN(900)) * time.Millisecond
+		}
+		ours, err := c.connect(ctx, base, gen, life, lostStream, tr)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			tr.fail("%s on node %d: %v", c.name, c.node, err)
+			return
+		}
+		lostStream = !ours
+		c.node = (c.node + 1 + rng.IntN(2)) % 3 // another node
+	}
+}
+
+// connect runs one SSE connection for at most life; it returns whether the
+// client ended it (false: the server or the network did). Protocol
+// violations go to tr; err is for what ends the client.
+func (c *nodeClient) connect(ctx context.Context, base string, gen int, life time.Duration, afterLoss bool, tr *truth) (ours bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, life)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, base+"/?"+url.Values{"topic": c.scope}.Encode(), nil)
+	if err != nil {
+		return false, err
+	}
+	c.mu.Lock()
+	resuming := c.connected
+	cursor := c.cursor
+	c.mu.Unlock()
+	if resuming || c.fromZero {
+		req.Header.Set("Last-Event-ID", strconv.FormatInt(cursor, 10))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return cctx.Err() != nil, nil // refused (the node is dying): try another
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	c.mu.Lock()
+	if resuming {
+		c.resumes++
+		if afterLoss {
+			c.killed++
+		}
+	}
+	if gen == 2 {
+		c.onRestarted++
+	}
+	c.mu.Unlock()
+
+	frames := make(chan sseFrame, 64)
+	perr := make(chan error, 1)
+	go func() { perr <- readSSE(resp.Body, frames) }()
+	hello, gapped, counted := true, false, false
+	for f := range frames {
+		switch {
+		case hello:
+			hello = false
+			var d struct{ Cursor, Head int64 }
+			if f.event != "hello" || json.Unmarshal([]byte(f.data), &d) != nil {
+				tr.fail("%s: first frame %+v, want hello", c.name, f)
+				continue
+			}
+			c.mu.Lock()
+			if !c.connected {
+				c.connected, c.start, c.cursor = true, d.Cursor, d.Cursor
+				if c.fromZero && d.Cursor != 0 {
+					tr.fail("%s: hello cursor %d, sent 0", c.name, d.Cursor)
+				}
+			} else if d.Cursor != c.cursor {
+				tr.fail("%s: resumed on %s with cursor %d, hello says %d", c.name, base, c.cursor, d.Cursor)
+			}
+			c.mu.Unlock()
+		case f.event == "gap":
+			var g struct {
+				Reason                    string
+				ResumedFrom               *int64
+				MissedFrom, MissedThrough *int64
+			}
+			if err := json.Unmarshal([]byte(f.data), &g); err != nil || g.MissedFrom == nil || g.MissedThrough == nil || (g.Reason != "pruned" && g.Reason != "replay_limit") {
+				tr.fail("%s on %s: gap %s", c.name, base, f.data)
+				continue
+			}
+			c.mu.Lock()
+			if *g.MissedFrom <= c.cursor {
+				tr.fail("%s on %s: gap %s reaches below the cursor %d", c.name, base, f.data, c.cursor)
+			}
+			c.gaps = append(c.gaps, [2]int64{*g.MissedFrom, *g.MissedThrough})
+			gapped = true
+			c.mu.Unlock()
+		case f.event == "message":
+			seq, err := strconv.ParseInt(f.id, 10, 64)
+			var p struct{ ID, Topic string }
+			if err != nil || json.Unmarshal([]byte(f.data), &p) != nil {
+				tr.fail("%s: bad frame %+v", c.name, f)
+				continue
+			}
+			tr.add(seq, p.ID, p.Topic, c.name)
+			c.mu.Lock()
+			switch {
+			case seq <= c.cursor:
+				tr.fail("%s on %s: event %d at cursor %d (out of order or repeated)", c.name, base, seq, c.cursor)
+			case !scopeSees(c.scope, p.Topic):
+				tr.fail("%s on %s: event %d of topic %q is outside its scope", c.name, base, seq, p.Topic)
+			case len(c.gaps) > 0 && c.gaps[len(c.gaps)-1][1] >= seq:
+				tr.fail("%s on %s: event %d inside the gap %v it follows", c.name, base, seq, c.gaps[len(c.gaps)-1])
+			}
+			if resuming && !gapped && !counted {
+				c.exact++ // the check proves nothing visible was skipped
+				counted = true
+			}
+			c.seqs = append(c.seqs, seq)
+			c.cursor = max(c.cursor, seq)
+			c.mu.Unlock()
+		case f.event == "heartbeat":
+		default:
+			tr.fail("%s: unexpected frame %+v", c.name, f)
+		}
+	}
+	<-perr
+	return cctx.Err() != nil, nil
+}
+
+// check: every event visible to the scope above the starting cursor and
+// up to the client's cursor was received exactly once, in order, or lies
+// inside a gap's range.
+func (c *nodeClient) check(t *testing.T, tr *truth) {
+	t.Helper()
+	got := map[int64]bool{}
+	for _, s := range c.seqs {
+		got[s] = true
+	}
+	var missing []int64
+	for _, seq := range tr.visible(c.scope) {
+		if seq <= c.start || seq > c.cursor || got[seq] {
+			continue
+		}
+		if !slices.ContainsFunc(c.gaps, func(g [2]int64) bool { return g[0] <= seq && seq <= g[1] }) {
+			missing = append(missing, seq)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("%s (from %d, at %d, gaps %v): %d events neither received nor inside a gap, the first %v", c.name, c.start, c.cursor, c.gaps, len(missing), missing[:min(len(missing), 10)])
+	}
+}
+
+// sseFrame is one dispatched SSE frame.
+type sseFrame struct{ id, event, data string }
+
+// readSSE parses an SSE stream into frames until it ends, then closes out.
+func readSSE(r io.Reader, out chan<- sseFrame) error {
+	defer close(out)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	var f sseFrame
+	var data []string
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			if f.event != "" || len(data) > 0 {
+				f.data = strings.Join(data, "\n")
+				out <- f
+			}
+			f, data = sseFrame{}, nil
+			continue
+		}
+		if strings.HasPrefix(line, ":") {
+			continue
+		}
+		field, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		switch field {
+		case "id":
+			f.id = value
+		case "event":
+			f.event = value
+		case "data":
+			data = append(data, value)
+		}
+	}
+	return sc.Err()
+}
+
+// runNode is the child: a hub on the log with StartTail and its SSE
+// handler on 127.0.0.1, two publishers, and (with prune) a retention loop.
+// It prints "addr <url>", "ack <sequence> <id> <topic or ->" per publish
+// that returned, "pruned <n>" per prune that deleted rows, and "stopped"
+// once it has stopped publishing after reading "stop" on stdin. It exits
+// when stdin ends.
+func runNode(dsn, prefix, name string, prune bool) {
+	die := func(code int, err error) {
+		fmt.Fprintln(os.Stderr, "node:", err)
+		os.Exit(code)
+	}
+	ctx := context.Background()
+	s, err := Open(ctx, dsn, WithTablePrefix(prefix))
+	if err != nil {
+		die(2, err)
+	}
+	hub, err := replayd.NewWithStore(s, replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 1000, HeartbeatInterval: -1}})
+	if err != nil {
+		die(2, err)
+	}
+	if _, err := hub.StartTail(500*time.Millisecond, replayd.TailOptions{}); err != nil {
+		die(2, err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		die(2, err)
+	}
+	go http.Serve(ln, hub.Handler())
+	var outMu sync.Mutex
+	say := func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		if _, err := fmt.Printf(format+"\n", args...); err != nil {
+			os.Exit(4) // the parent is gone
+		}
+	}
+	say("addr http://%s", ln.Addr())
+
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(8 * time.Millisecond)
+			defer tick.Stop()
+			for n := 0; ; n++ {
+				select {
+				case <-quit:
+					return
+				case <-tick.C:
+				}
+				topic := nodeTopics[(n+w)%len(nodeTopics)]
+				id := fmt.Sprintf("%s-w%d-%d", name, w, n)
+				ev, err := hub.Publish(ctx, topic, map[string]string{"id": id, "topic": topic}, replayd.WithEventID(id))
+				if err != nil {
+					die(3, err)
+				}
+				say("ack %d %s %s", ev.Sequence, id, cmpOr(topic, "-"))
+			}
+		}()
+	}
+	if prune {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(200 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-quit:
+					return
+				case <-tick.C:
+				}
+				n, err := hub.Prune(ctx, replayd.RetentionPolicy{MaxEvents: nodeKeep})
+				if err != nil {
+					die(3, err)
+				}
+				if n > 0 {
+					say("pruned %d", n)
+				}
+			}
+		}()
+	}
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		if sc.Text() == "stop" {
+			close(quit)
+			wg.Wait()
+			say("stopped")
+		}
+	}
+	os.Exit(0) // the parent is done (or gone): no graceful close needed
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// nodeProc is a node process.
+type nodeProc struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	addr    chan string
+	stopped chan struct{}
+	// prunedOnce is closed at the first prune that deleted rows.
+	prunedOnce chan struct{}
+	errBuf     *syncBuffer
+	read       chan struct{} // closed when stdout is read to the end
+	once       sync.Once
+
+	mu     sync.Mutex
+	pruned int64
+}
+
+func (p *nodeProc) prunedTotal() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pruned
+}
+
+// startNode re-executes the test binary as a node; its acknowledgements go
+// to tr as they arrive.
+func startNode(t *testing.T, tr *truth, dsn, prefix, name string, prune bool) *nodeProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNodesInProcesses$", "-test.count=1")
+	cmd.Env = append(os.Environ(), nodeDSNEnv+"="+dsn, nodePrefixEnv+"="+prefix, nodeNameEnv+"="+name)
+	if prune {
+		cmd.Env = append(cmd.Env, nodePruneEnv+"=1")
+	}
+	p := &nodeProc{t: t, cmd: cmd, addr: make(chan string, 1), stopped: make(chan struct{}), prunedOnce: make(chan struct{}), errBuf: &syncBuffer{}, read: make(chan struct{})}
+	cmd.Stderr = p.errBuf
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(p.read)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			switch {
+			case len(f) == 2 && f[0] == "addr":
+				p.addr <- f[1]
+			case len(f) == 4 && f[0] == "ack":
+				seq, err := strconv.ParseInt(f[1], 10, 64)
+				if err != nil {
+					tr.fail("%s: %q", name, sc.Text())
+					continue
+				}
+				topic := f[3]
+				if topic == "-" {
+					topic = ""
+				}
+				tr.add(seq, f[2], topic, "ack")
+			case len(f) == 2 && f[0] == "pruned":
+				n, _ := strconv.ParseInt(f[1], 10, 64)
+				p.mu.Lock()
+				if p.pruned == 0 {
+					close(p.prunedOnce)
+				}
+				p.pruned += n
+				p.mu.Unlock()
+			case len(f) == 1 && f[0] == "stopped":
+				close(p.stopped)
+			default:
+				tr.fail("%s: unexpected line %q", name, sc.Text())
+			}
+		}
+		io.Copy(io.Discard, stdout)
+	}()
+	t.Cleanup(func() {
+		p.kill()
+		p.wait()
+	})
+	return p
+}
+
+// kill sends SIGKILL.
+func (p *nodeProc) kill() {
+	if err := p.cmd.Process.Kill(); err != nil && !strings.Contains(err.Error(), "finished") {
+		p.t.Errorf("kill node: %v", err)
+	}
+}
+
+// wait reaps the process once, after its stdout is read to the end.
+func (p *nodeProc) wait() {
+	p.once.Do(func() {
+		p.stdin.Close()
+		<-p.read
+		p.cmd.Wait()
+	})
+}
+
+// syncBuffer keeps the first 64 KiB of a child's stderr.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.b.Len() < 64<<10 {
+		b.b.Write(p)
+	}
+	return len(p), nil
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
