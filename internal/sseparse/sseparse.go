@@ -45,6 +45,7 @@ type Reader struct {
 	r          io.Reader
 	buf        []byte
 	start, end int // unread bytes are buf[start:end]
+	cr         int // the index of the first CR in buf[start:end], or end
 	err        error
 	skipLF     bool // the last line ended with CR: an LF after it is part of that end
 	first      bool // no line returned yet: a BOM may lead
@@ -88,10 +89,13 @@ func (r *Reader) Next() (*Frame, error) {
 			continue
 		}
 		name, value := line, line[len(line):]
-		if i := bytes.IndexByte(line, ':'); i >= 0 {
-			name, value = line[:i], line[i+1:]
-			if len(value) > 0 && value[0] == ' ' {
-				value = value[1:]
+		for i, c := range line { // a field name is short: no search call
+			if c == ':' {
+				name, value = line[:i], line[i+1:]
+				if len(value) > 0 && value[0] == ' ' {
+					value = value[1:]
+				}
+				break
 			}
 		}
 		if r.Field != nil {
@@ -138,17 +142,18 @@ func (r *Reader) line() ([]byte, error) {
 		}
 		b := r.buf[r.start:r.end]
 		i := bytes.IndexByte(b, '\n')
-		if i >= 0 {
-			if j := bytes.IndexByte(b[:i], '\r'); j >= 0 {
-				i = j
-			}
-		} else {
-			i = bytes.IndexByte(b, '\r')
+		if i < 0 {
+			i = len(b)
 		}
-		if i >= 0 {
+		if c := r.cr - r.start; c < i {
+			i = c
+		}
+		if i < len(b) {
 			line := b[:i]
-			r.skipLF = b[i] == '\r'
 			r.start += i + 1
+			if r.skipLF = b[i] == '\r'; r.skipLF {
+				r.cr = r.findCR(r.start)
+			}
 			if r.first {
 				r.first = false
 				line = bytes.TrimPrefix(line, []byte("\xEF\xBB\xBF"))
@@ -164,10 +169,21 @@ func (r *Reader) line() ([]byte, error) {
 	}
 }
 
+// findCR returns the index of the first CR in buf[from:end], or end. Most
+// streams hold none: looking for one per read, not per line, keeps a line
+// one search for its LF.
+func (r *Reader) findCR(from int) int {
+	if i := bytes.IndexByte(r.buf[from:r.end], '\r'); i >= 0 {
+		return from + i
+	}
+	return r.end
+}
+
 // fill reads more into the buffer, moving or growing it for room.
 func (r *Reader) fill() error {
 	if r.start > 0 {
 		r.end = copy(r.buf, r.buf[r.start:r.end])
+		r.cr -= r.start
 		r.start = 0
 	}
 	if r.end == len(r.buf) {
@@ -182,7 +198,12 @@ func (r *Reader) fill() error {
 	}
 	for range 100 {
 		n, err := r.r.Read(r.buf[r.end:])
-		r.end += n
+		if r.cr == r.end { // no CR before the new bytes
+			r.end += n
+			r.cr = r.findCR(r.end - n)
+		} else {
+			r.end += n
+		}
 		if err != nil {
 			r.err = err
 			return nil
