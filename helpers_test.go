@@ -49,6 +49,19 @@ func newTestHub(t testing.TB, db *sql.DB, opts Options) *EventHub {
 	return h
 }
 
+// secondHub opens the database file at path again, with its own pool, as
+// another process would, and returns a hub on it; hub and pool are closed
+// at the end of the test.
+func secondHub(t testing.TB, path string, opts Options) *EventHub {
+	t.Helper()
+	db, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return newTestHub(t, db, opts)
+}
+
 // serve starts a real HTTP server for h's handler.
 func serve(t testing.TB, h *EventHub) *httptest.Server {
 	t.Helper()
