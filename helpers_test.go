@@ -122,6 +122,12 @@ func dial(t testing.TB, url string, header http.Header) *sseClient {
 // unless the status is 200.
 func dialStatus(t testing.TB, url string, header http.Header) (*sseClient, int) {
 	t.Helper()
+	return dialClientStatus(t, http.DefaultClient, url, header)
+}
+
+// dialClientStatus is dialStatus with a given HTTP client.
+func dialClientStatus(t testing.TB, client *http.Client, url string, header http.Header) (*sseClient, int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -131,7 +137,7 @@ func dialStatus(t testing.TB, url string, header http.Header) (*sseClient, int) 
 	for k, vs := range header {
 		req.Header[k] = vs
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		cancel()
 		t.Fatalf("GET %s: %v", url, err)
