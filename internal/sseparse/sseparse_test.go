@@ -135,3 +135,51 @@ func BenchmarkNext(b *testing.B) {
 		}
 	}
 }
+
+// chunkReader returns its bytes in reads of the given sizes, in turn.
+type chunkReader struct {
+	b     []byte
+	sizes []byte
+	i     int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, io.EOF
+	}
+	n := 1
+	if len(c.sizes) > 0 {
+		n = int(c.sizes[c.i%len(c.sizes)]) + 1
+		c.i++
+	}
+	n = min(n, len(p), len(c.b))
+	copy(p, c.b[:n])
+	c.b = c.b[n:]
+	return n, nil
+}
+
+// FuzzSplits checks that where a stream is split into reads never changes
+// its frames: a CR at the end of one read and an LF at the start of the
+// next are one line end.
+func FuzzSplits(f *testing.F) {
+	f.Add([]byte("id: 1\r\nevent: hello\r\ndata: {}\r\n\r\n"), []byte{0, 3, 1})
+	f.Add([]byte("data: a\r\rdata: b\n\n: c\r\n"), []byte{6})
+	f.Add([]byte("\xEF\xBB\xBFretry: 10\n\n"), []byte{1})
+	f.Fuzz(func(t *testing.T, b, sizes []byte) {
+		parse := func(r io.Reader) (out []string, err error) {
+			rd := NewReaderSize(r, 16)
+			for {
+				fr, err := rd.Next()
+				if err != nil {
+					return out, err
+				}
+				out = append(out, fmt.Sprintf("%q %v %q %q %q", fr.ID, fr.HasID, fr.Event, fr.Data, fr.Retry))
+			}
+		}
+		whole, err1 := parse(strings.NewReader(string(b)))
+		split, err2 := parse(&chunkReader{b: b, sizes: sizes})
+		if fmt.Sprint(whole) != fmt.Sprint(split) || err1 != err2 {
+			t.Fatalf("whole: %v %v; split %v: %v %v", whole, err1, sizes, split, err2)
+		}
+	})
+}
