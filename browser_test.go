@@ -546,12 +546,7 @@ func browserTestProcessRestart(t *testing.T, browser context.Context) {
 	}
 
 	// Another process publishes on the same file meanwhile.
-	dbB, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dbB.Close() })
-	hubB := newTestHub(t, dbB, Options{})
+	hubB := secondHub(t, path, Options{})
 	want = append(want, mustPublish(t, hubB, "room", map[string]int{"n": 3}))
 	mustPublish(t, hubB, "other", map[string]int{"n": 99}) // invisible to the page
 	want = append(want,
@@ -563,12 +558,7 @@ func browserTestProcessRestart(t *testing.T, browser context.Context) {
 	}
 
 	// A new process comes back on the same port.
-	dbC, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dbC.Close() })
-	hubC := newTestHub(t, dbC, browserOptions())
+	hubC := secondHub(t, path, browserOptions())
 	gateC := newBrowserGate(hubC.Handler())
 	browserListen(t, "127.0.0.1:"+srvA.port(), browserMux(gateC))
 

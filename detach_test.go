@@ -2,7 +2,6 @@ package replayd
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -329,35 +328,10 @@ func TestSSEDetachedCountsSettle(t *testing.T) {
 // dialWith is dial with a given client (for TLS).
 func dialWith(t testing.TB, client *http.Client, url string, header http.Header) *sseClient {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
+	c, status := dialClientStatus(t, client, url, header)
+	if status != http.StatusOK {
+		t.Fatalf("GET %s: %d", url, status)
 	}
-	for k, vs := range header {
-		req.Header[k] = vs
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		cancel()
-		t.Fatalf("GET %s: %d", url, resp.StatusCode)
-	}
-	c := &sseClient{t: t, resp: resp, frames: make(chan frame, 1<<16), errc: make(chan error, 1), cancel: cancel}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c.errc <- parseFrames(resp.Body, c.frames)
-	}()
-	t.Cleanup(func() {
-		c.Close()
-		<-done
-	})
 	return c
 }
 

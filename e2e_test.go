@@ -818,12 +818,7 @@ func TestSSEResyncWhenRowsPrunedBeforeLiveDelivery(t *testing.T) {
 	db, path := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	srv := serve(t, h)
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	other := newTestHub(t, db2, Options{})
+	other := secondHub(t, path, Options{})
 
 	c := dial(t, srv.URL, nil)
 	_, _, cursor, _ := c.hello()

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/replayd/replayd/internal/sseparse"
 )
 
 // Fuzz targets for the three parsers and encoders that face untrusted or
@@ -164,7 +166,8 @@ func FuzzFrameEncoding(f *testing.F) {
 			t.Fatalf("%d data lines, want %d", fields["data"], lines)
 		}
 
-		// The tests' own parser (helpers_test.go) agrees.
+		// The tests' frame reader (helpers_test.go), strict about field names,
+		// agrees.
 		out := make(chan frame, 4)
 		if err := parseFrames(bytes.NewReader(b), out); !errors.Is(err, io.EOF) {
 			t.Fatalf("parseFrames: %v", err)
@@ -183,54 +186,25 @@ func FuzzFrameEncoding(f *testing.F) {
 // fuzzEvent is one dispatched event of fuzzParseSSE.
 type fuzzEvent struct{ id, typ, data string }
 
-// fuzzParseSSE parses an event stream as the WHATWG HTML standard's
-// EventSource does (§9.2.6), byte for byte: CRLF, LF and CR each end a line,
-// a blank line dispatches, one space after the colon is dropped. Unlike a
-// browser it dispatches retry-only frames too (with empty data), so that
-// nothing is hidden from the test, and it counts every field name it sees.
+// fuzzParseSSE parses an event stream with the shared parser
+// (internal/sseparse), which follows the WHATWG HTML standard's
+// EventSource rules (§9.2.6) byte for byte: CRLF, LF and CR each end a
+// line, a blank line dispatches, one space after the colon is dropped.
+// Unlike a browser it dispatches retry-only frames too (with empty data),
+// so that nothing is hidden from the test, and it counts every field name
+// it sees.
 func fuzzParseSSE(b []byte) (evs []fuzzEvent, fields map[string]int) {
 	fields = map[string]int{}
-	var (
-		id, typ string
-		data    []byte
-		pending bool
-	)
-	for len(b) > 0 {
-		i := bytes.IndexAny(b, "\r\n")
-		if i < 0 {
-			break // an unterminated last line is never processed
-		}
-		line := b[:i]
-		if b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n' {
-			i++
-		}
-		b = b[i+1:]
-		if len(line) == 0 {
-			if pending {
-				d := string(data)
-				d = strings.TrimSuffix(d, "\n")
-				evs = append(evs, fuzzEvent{id: id, typ: typ, data: d})
-			}
-			typ, data, pending = "", nil, false
-			continue
-		}
-		if line[0] == ':' {
-			continue
-		}
-		field, value, _ := bytes.Cut(line, []byte(":"))
-		value = bytes.TrimPrefix(value, []byte(" "))
-		fields[string(field)]++
-		pending = true
-		switch string(field) {
-		case "id":
-			if bytes.IndexByte(value, 0) < 0 {
-				id = string(value)
-			}
-		case "event":
-			typ = string(value)
-		case "data":
-			data = append(append(data, value...), '\n')
-		}
+	r := sseparse.NewReader(bytes.NewReader(b))
+	r.Field = func(name, _ []byte) error {
+		fields[string(name)]++
+		return nil
 	}
-	return evs, fields
+	for {
+		f, err := r.Next()
+		if err != nil {
+			return evs, fields
+		}
+		evs = append(evs, fuzzEvent{id: string(f.ID), typ: string(f.Event), data: string(f.Data)})
+	}
 }

@@ -70,12 +70,7 @@ func TestHandshakeStormDoesNotStallPublish(t *testing.T) {
 
 	// Another process commits three rows; this hub's next publish must
 	// catch up on them (a pooled read) and commit its own (the writer).
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	h2 := newTestHub(t, db2, Options{})
+	h2 := secondHub(t, path, Options{})
 	for i := range 3 {
 		mustPublish(t, h2, "b", i)
 	}

@@ -1,7 +1,6 @@
 package replayd
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -11,9 +10,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/sseparse"
 )
 
 // Shared test helpers: a hub on a real SQLite file, a real HTTP server, and
@@ -47,6 +47,19 @@ func newTestHub(t testing.TB, db *sql.DB, opts Options) *EventHub {
 	}
 	t.Cleanup(func() { h.Close() })
 	return h
+}
+
+// secondHub opens the database file at path again, with its own pool, as
+// another process would, and returns a hub on it; hub and pool are closed
+// at the end of the test.
+func secondHub(t testing.TB, path string, opts Options) *EventHub {
+	t.Helper()
+	db, err := OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return newTestHub(t, db, opts)
 }
 
 // serve starts a real HTTP server for h's handler.
@@ -109,6 +122,12 @@ func dial(t testing.TB, url string, header http.Header) *sseClient {
 // unless the status is 200.
 func dialStatus(t testing.TB, url string, header http.Header) (*sseClient, int) {
 	t.Helper()
+	return dialClientStatus(t, http.DefaultClient, url, header)
+}
+
+// dialClientStatus is dialStatus with a given HTTP client.
+func dialClientStatus(t testing.TB, client *http.Client, url string, header http.Header) (*sseClient, int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -118,7 +137,7 @@ func dialStatus(t testing.TB, url string, header http.Header) (*sseClient, int) 
 	for k, vs := range header {
 		req.Header[k] = vs
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		cancel()
 		t.Fatalf("GET %s: %v", url, err)
@@ -148,47 +167,25 @@ func (c *sseClient) Close() {
 	c.resp.Body.Close()
 }
 
-// parseFrames parses an SSE stream into frames until it ends. Comments
-// are skipped; a frame is dispatched at a blank line.
+// parseFrames parses an SSE stream into frames until it ends, with the
+// shared parser (internal/sseparse). Comments are skipped; a frame is
+// dispatched at a blank line; a field replayd never writes is an error.
 func parseFrames(r io.Reader, out chan<- frame) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	var f frame
-	var data []string
-	var any bool
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" {
-			if any {
-				f.Data = strings.Join(data, "\n")
-				out <- f
-			}
-			f, data, any = frame{}, nil, false
-			continue
+	sr := sseparse.NewReaderSize(r, 64<<10)
+	sr.Field = func(name, value []byte) error {
+		switch string(name) {
+		case "id", "event", "data", "retry":
+			return nil
 		}
-		if strings.HasPrefix(line, ":") {
-			continue
-		}
-		field, value, _ := strings.Cut(line, ":")
-		value = strings.TrimPrefix(value, " ")
-		any = true
-		switch field {
-		case "id":
-			f.ID, f.HasID = value, true
-		case "event":
-			f.Event = value
-		case "data":
-			data = append(data, value)
-		case "retry":
-			f.Retry = value
-		default:
-			return fmt.Errorf("unknown SSE field %q in line %q", field, line)
-		}
+		return fmt.Errorf("unknown SSE field %q with value %q", name, value)
 	}
-	if err := sc.Err(); err != nil {
-		return err
+	for {
+		f, err := sr.Next()
+		if err != nil {
+			return err
+		}
+		out <- frame{ID: string(f.ID), HasID: f.HasID, Event: string(f.Event), Data: string(f.Data), Retry: string(f.Retry)}
 	}
-	return io.EOF
 }
 
 // next returns the next frame, failing the test if none comes in time or

@@ -515,12 +515,7 @@ func waitUntil(t testing.TB, what string, cond func() bool) {
 func TestTailDeliversOtherWritersExactlyOnce(t *testing.T) {
 	db, path := openTestDB(t)
 	server := newTestHub(t, db, Options{})
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	worker := newTestHub(t, db2, Options{})
+	worker := secondHub(t, path, Options{})
 
 	seen := recordLive(t, server)
 	// Written before StartTail: still delivered, since the hub's live
@@ -575,12 +570,7 @@ func TestTailDeliversOtherWritersExactlyOnce(t *testing.T) {
 func TestPublishCatchesUpOtherWriters(t *testing.T) {
 	db, path := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	other := newTestHub(t, db2, Options{})
+	other := secondHub(t, path, Options{})
 	seen := recordLive(t, h)
 	mustPublish(t, h, "a", 1)
 	mustPublish(t, other, "b", 2)

@@ -2,7 +2,6 @@ package replayd
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -16,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/sseparse"
 )
 
 // The load test: 2,000 concurrent SSE connections over real TCP, 10,000
@@ -281,61 +282,47 @@ func loadDial(addr, topic string) (*loadClient, error) {
 	return &loadClient{conn: conn, body: resp.Body, done: make(chan struct{})}, nil
 }
 
-// read scans the stream for id lines: first the hello's, then every event's,
-// which must be exactly the hello's cursor + 1, + 2, ... through last. It
-// signals helloed once, and returns at last or on an error. The
-// connection stays open until the test closes it.
+// read reads the stream's frames, with the shared parser, for their ids:
+// first the hello's, then every event's, which must be exactly the hello's
+// cursor + 1, + 2, ... through last. It signals helloed once, and returns
+// at last or on an error. The connection stays open until the test closes
+// it.
 func (c *loadClient) read(last int64, helloed chan<- struct{}) {
 	defer close(c.done)
-	buf := make([]byte, 16<<10)
-	pending := 0      // bytes of an incomplete line kept at the start of buf
+	r := sseparse.NewReaderSize(c.body, 16<<10)
 	prev := int64(-1) // the last id seen; -1 before the hello
 	for {
-		n, err := c.body.Read(buf[pending:])
-		data := buf[:pending+n]
-		end := bytes.LastIndexByte(data, '\n') + 1 // complete lines only
-		lines := data[:end]
-		for len(lines) > 0 {
-			i := 0
-			if !bytes.HasPrefix(lines, []byte("id: ")) {
-				j := bytes.Index(lines, []byte("\nid: "))
-				if j < 0 {
-					break
-				}
-				i = j + 1
-			}
-			lines = lines[i+len("id: "):]
-			var id int64
-			k := 0
-			for ; lines[k] >= '0' && lines[k] <= '9'; k++ {
-				id = id*10 + int64(lines[k]-'0')
-			}
-			if lines[k] != '\n' || k == 0 {
-				c.err = fmt.Errorf("bad id line after %d", prev)
-				return
-			}
-			lines = lines[k:]
-			switch {
-			case prev < 0:
-				helloed <- struct{}{}
-			case id != prev+1:
-				c.err = fmt.Errorf("event %d after %d", id, prev)
-				return
-			default:
-				c.received.Add(1)
-			}
-			prev = id
-			if id == last && c.received.Load() > 0 {
-				return
-			}
-		}
-		pending = copy(buf, data[end:])
-		if pending == len(buf) {
-			c.err = fmt.Errorf("line longer than %d bytes", len(buf))
-			return
-		}
+		f, err := r.Next()
 		if err != nil {
 			c.err = fmt.Errorf("after event %d: %w", prev, err)
+			return
+		}
+		if !f.HasID {
+			continue
+		}
+		var id int64
+		for _, d := range f.ID {
+			if d < '0' || d > '9' {
+				id = -1
+				break
+			}
+			id = id*10 + int64(d-'0')
+		}
+		if id < 0 || len(f.ID) == 0 {
+			c.err = fmt.Errorf("bad id %q after %d", f.ID, prev)
+			return
+		}
+		switch {
+		case prev < 0:
+			helloed <- struct{}{}
+		case id != prev+1:
+			c.err = fmt.Errorf("event %d after %d", id, prev)
+			return
+		default:
+			c.received.Add(1)
+		}
+		prev = id
+		if id == last && c.received.Load() > 0 {
 			return
 		}
 	}

@@ -56,12 +56,7 @@ func TestMetricsRecordingDoesNotAllocate(t *testing.T) {
 func TestMetricsTailLag(t *testing.T) {
 	db, path := openTestDB(t)
 	server := newTestHub(t, db, Options{})
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	worker := newTestHub(t, db2, Options{})
+	worker := secondHub(t, path, Options{})
 	seen := recordLive(t, server) // the tail reads rows only for subscribers
 
 	ev := mustPublish(t, worker, "a", 1)

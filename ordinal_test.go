@@ -84,12 +84,7 @@ func TestOrdinalCountsExactAcrossPrunes(t *testing.T) {
 	h := newTestHub(t, db, Options{})
 	// A second writer on the same file, as another process would be: each
 	// writer's cached numbering must notice the other's rows.
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	h2 := newTestHub(t, db2, Options{})
+	h2 := secondHub(t, path, Options{})
 	ctx := context.Background()
 	for i := range 600 {
 		topic := []string{"a", "b", "c", ""}[i%4]
@@ -170,12 +165,7 @@ func TestMigrateOrdinalsFromOldSchema(t *testing.T) {
 		t.Fatalf("a row after unnumbered ones got ordinal %v (%v)", last, err)
 	}
 	checkCounts(t, db, h.store.s.(*sqliteStore), old+71)
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	newTestHub(t, db2, Options{})
+	secondHub(t, path, Options{})
 	if err := db.QueryRow(`SELECT count(*) FROM events WHERE ordinal IS NULL`).Scan(&unnumbered); err != nil || unnumbered != 0 {
 		t.Fatalf("%d rows left unnumbered after the second New (%v)", unnumbered, err)
 	}

@@ -66,12 +66,7 @@ func (r *subRecorder) wait(t testing.TB, n int) []string {
 func TestSubscribeGapWhenRowsPrunedBeforeLiveDelivery(t *testing.T) {
 	db, path := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	other := newTestHub(t, db2, Options{})
+	other := secondHub(t, path, Options{})
 
 	first := mustPublish(t, h, "", "before") // the live position is first
 	rec := recordSubscriber(h)
@@ -184,12 +179,7 @@ func TestTailLogResetDeliversLive(t *testing.T) {
 	late.hello()
 
 	// Another process publishes into the new log: live for everyone.
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	other := newTestHub(t, db2, Options{})
+	other := secondHub(t, path, Options{})
 	ev := mustPublish(t, other, "a", "new")
 	if ev.Sequence >= old {
 		t.Fatalf("new sequence %d is not below the old %d: no reset", ev.Sequence, old)
@@ -257,12 +247,7 @@ func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
 	db, path := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	srv := serve(t, h)
-	db2, err := OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db2.Close()
-	other := newTestHub(t, db2, Options{})
+	other := secondHub(t, path, Options{})
 
 	first := mustPublish(t, h, "", "before")
 	fs := &faultyStore{Store: h.store.s}

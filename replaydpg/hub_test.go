@@ -1,19 +1,18 @@
 package replaydpg
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/sseparse"
 )
 
 // Two hubs on two stores of one log, as two nodes: what node A publishes
@@ -153,26 +152,25 @@ func TestSSEResumeOnPostgres(t *testing.T) {
 		events []string
 		ids    []string
 	)
-	sc := bufio.NewScanner(resp.Body)
-	var typ, id string
-	for len(ids) < 3 && sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "event: "):
-			typ = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "id: "):
-			id = strings.TrimPrefix(line, "id: ")
-		case line == "" && typ != "":
-			events = append(events, typ)
-			if typ == "message" {
-				ids = append(ids, id)
-			}
-			typ, id = "", ""
+	r := sseparse.NewReader(resp.Body)
+	var end error
+	for len(ids) < 3 {
+		f, err := r.Next()
+		if err != nil {
+			end = err
+			break
+		}
+		if len(f.Event) == 0 {
+			continue
+		}
+		events = append(events, string(f.Event))
+		if string(f.Event) == "message" {
+			ids = append(ids, string(f.ID))
 		}
 	}
 	want := []string{strconv.FormatInt(seqs[7], 10), strconv.FormatInt(seqs[8], 10), strconv.FormatInt(seqs[9], 10)}
 	if fmt.Sprint(ids) != fmt.Sprint(want) {
-		t.Fatalf("replayed ids %v, want %v (events %v)", ids, want, events)
+		t.Fatalf("replayed ids %v, want %v (events %v, stream end %v)", ids, want, events, end)
 	}
 	if !slices.Contains(events, "gap") {
 		t.Fatalf("no gap frame before the replay: events %v", events)

@@ -1,7 +1,6 @@
 package replaydprom_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/sseparse"
 	"github.com/replayd/replayd/replaydprom"
 	"go.uber.org/goleak"
 )
@@ -330,6 +330,11 @@ func TestMetricsOverHTTP(t *testing.T) {
 	}
 	w.refused["overload"] = 2
 	w.sse = 4
+	// A stream's replay is observed after its hello is sent: the client
+	// may read the hello first.
+	waitUntil(t, "every replay observed", func() bool {
+		return h.Metrics().ReplayedSSE.Count == uint64(len(w.replayedSSE))
+	})
 	compare(t, reg, w)
 	w.sse = 0
 	for _, c := range more {
@@ -473,21 +478,15 @@ func dial(t *testing.T, url, lastEventID string) *stream {
 	}
 	s := &stream{resp: resp, cancel: cancel, events: make(chan string, 64), done: make(chan error, 1)}
 	go func() {
-		sc := bufio.NewScanner(resp.Body)
-		event, any := "", false
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case line == "" && any:
-				s.events <- event
-				event, any = "", false
-			case strings.HasPrefix(line, "event: "):
-				event, any = strings.TrimPrefix(line, "event: "), true
-			case strings.HasPrefix(line, "data: "), strings.HasPrefix(line, "id: "):
-				any = true
+		r := sseparse.NewReader(resp.Body)
+		for {
+			f, err := r.Next()
+			if err != nil {
+				s.done <- err // io.EOF at its end
+				return
 			}
+			s.events <- string(f.Event)
 		}
-		s.done <- errors.Join(sc.Err(), io.EOF)
 	}()
 	t.Cleanup(s.close)
 	return s

@@ -13,13 +13,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replayd/replayd/internal/sseparse"
 )
 
 // The client side: a fleet of SSE connections in the orchestrator's
 // process. Each is a bare TCP connection with a hand-written GET (no
 // http.Transport goroutines), net/http's response and chunked-body reader,
 // and a frame scanner that counts event frames, remembers the last id, and
-// reads the publish time stamped in the payload to measure latency.
+// reads the publish time stamped in the payload to measure latency, with
+// the repository's one SSE parser (internal/sseparse).
 
 // fleet is a set of SSE clients and what they have received.
 type fleet struct {
@@ -134,97 +137,93 @@ func (c *client) dial(ctx context.Context, addr, path, lastID string) error {
 	return nil
 }
 
-var (
-	idPrefix    = []byte("id: ")
-	eventPrefix = []byte("event: ")
-	stampPrefix = []byte(`data: {"t":`)
-)
+var stampPrefix = []byte(`{"t":`)
 
-// read scans frames until the stream ends.
+// read parses frames, with the shared parser, until the stream ends.
 func (c *client) read() {
 	defer c.f.wg.Done()
 	defer c.body.Close()
-	buf := make([]byte, 16<<10)
-	var pending []byte // an incomplete frame carried to the next read
-	var lat []uint64
+	b := &clientBody{c: c}
+	r := sseparse.NewReaderSize(b, 16<<10)
 	helloSeen := false
 	for {
-		n, err := c.body.Read(buf)
-		if n > 0 {
-			data := buf[:n]
-			if len(pending) > 0 {
-				pending = append(pending, data...)
-				data = pending
-			}
-			now := time.Now().UnixNano()
-			recording := c.f.recording.Load()
-			var events, gaps int64
-			var last int64 = -1
-			for {
-				end := bytes.Index(data, []byte("\n\n"))
-				if end < 0 {
-					break
-				}
-				fr := data[:end+1]
-				data = data[end+2:]
-				var id int64 = -1
-				if rest, ok := bytes.CutPrefix(fr, idPrefix); ok {
-					i := bytes.IndexByte(rest, '\n')
-					id, _ = strconv.ParseInt(string(rest[:i]), 10, 64)
-					fr = rest[i+1:]
-				}
-				var typ []byte
-				if rest, ok := bytes.CutPrefix(fr, eventPrefix); ok {
-					i := bytes.IndexByte(rest, '\n')
-					typ = rest[:i]
-					fr = rest[i+1:]
-				}
-				switch {
-				case string(typ) == "hello":
-					c.cursor.Store(id)
-					c.lastID.Store(id)
-					if !helloSeen {
-						helloSeen = true
-						close(c.helloc)
-					}
-				case string(typ) == "gap":
-					gaps++
-				case id >= 0:
-					events++
-					last = id
-					if recording {
-						if rest, ok := bytes.CutPrefix(fr, stampPrefix); ok {
-							j := 0
-							for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
-								j++
-							}
-							if t, err := strconv.ParseInt(string(rest[:j]), 10, 64); err == nil && now > t {
-								lat = append(lat, uint64(now-t)/1000)
-							}
-						}
-					}
-				}
-			}
-			pending = append(pending[:0], data...)
-			if gaps > 0 {
-				c.gaps.Add(gaps)
-			}
-			if events > 0 {
-				c.lastID.Store(last)
-				got := c.got.Add(events)
-				if t := c.target.Load(); t > 0 && got >= t && c.reachedAt.CompareAndSwap(0, now) {
-					c.f.oneReached()
-				}
-			}
-			if len(lat) > 0 {
-				c.f.hists[c.idx%len(c.f.hists)].addAll(lat)
-				lat = lat[:0]
-			}
-		}
+		fr, err := r.Next()
 		if err != nil {
+			b.flush()
 			c.err.Store(err)
 			return
 		}
+		var id int64 = -1
+		if fr.HasID {
+			id, _ = strconv.ParseInt(string(fr.ID), 10, 64)
+		}
+		switch {
+		case string(fr.Event) == "hello":
+			c.cursor.Store(id)
+			c.lastID.Store(id)
+			if !helloSeen {
+				helloSeen = true
+				close(c.helloc)
+			}
+		case string(fr.Event) == "gap":
+			b.gaps++
+		case id >= 0:
+			b.events++
+			b.last = id
+			if b.recording {
+				if rest, ok := bytes.CutPrefix(fr.Data, stampPrefix); ok {
+					j := 0
+					for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+						j++
+					}
+					if t, err := strconv.ParseInt(string(rest[:j]), 10, 64); err == nil && b.now > t {
+						b.lat = append(b.lat, uint64(b.now-t)/1000)
+					}
+				}
+			}
+		}
+	}
+}
+
+// clientBody is a client's response body as read sees it: what read
+// counted from one Read's bytes is published (flush) before the next Read,
+// which may block, and a frame's latency is measured from the time the
+// Read that completed it returned.
+type clientBody struct {
+	c         *client
+	now       int64 // unix ns when the last Read returned
+	recording bool  // the fleet recorded latencies then
+	events    int64 // event frames since the last flush
+	gaps      int64
+	last      int64 // the last event id counted, if events > 0
+	lat       []uint64
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	b.flush()
+	n, err := b.c.body.Read(p)
+	b.now, b.recording = time.Now().UnixNano(), b.c.f.recording.Load()
+	return n, err
+}
+
+// flush publishes the counts of the frames read since the last flush.
+func (b *clientBody) flush() {
+	c := b.c
+	if b.gaps > 0 {
+		c.gaps.Add(b.gaps)
+		b.gaps = 0
+	}
+	if b.events > 0 {
+		c.lastID.Store(b.last)
+		got := c.got.Add(b.events)
+		if t := c.target.Load(); t > 0 && got >= t && c.reachedAt.CompareAndSwap(0, b.now) {
+			c.f.oneReached()
+		}
+		b.events = 0
+	}
+	if len(b.lat) > 0 {
+		c.f.hists[c.idx%len(c.f.hists)].addAll(b.lat)
+		b.lat = b.lat[:0]
 	}
 }
 
