@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/sseparse"
 )
 
 // Three nodes as three OS processes (this test binary re-executed), each a
@@ -529,37 +531,23 @@ func (c *nodeClient) check(t *testing.T, tr *truth) {
 type sseFrame struct{ id, event, data string }
 
 // readSSE parses an SSE stream into frames until it ends, then closes out.
+// Frames with neither an event type nor data (a lone retry) are skipped.
 func readSSE(r io.Reader, out chan<- sseFrame) error {
 	defer close(out)
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	var f sseFrame
-	var data []string
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" {
-			if f.event != "" || len(data) > 0 {
-				f.data = strings.Join(data, "\n")
-				out <- f
-			}
-			f, data = sseFrame{}, nil
+	sr := sseparse.NewReader(r)
+	for {
+		f, err := sr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if len(f.Event) == 0 && len(f.Data) == 0 {
 			continue
 		}
-		if strings.HasPrefix(line, ":") {
-			continue
-		}
-		field, value, _ := strings.Cut(line, ":")
-		value = strings.TrimPrefix(value, " ")
-		switch field {
-		case "id":
-			f.id = value
-		case "event":
-			f.event = value
-		case "data":
-			data = append(data, value)
-		}
+		out <- sseFrame{id: string(f.ID), event: string(f.Event), data: string(f.Data)}
 	}
-	return sc.Err()
 }
 
 // runNode is the child: a hub on the log with StartTail and its SSE
