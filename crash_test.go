@@ -11,13 +11,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/childproc"
 )
 
 // Crash durability: a child OS process publishes in a loop and prints the
@@ -269,17 +270,14 @@ type crashAck struct {
 	eventID string
 }
 
-// crashProc is a child test process: its stdin, its acknowledgements and
-// other stdout lines, and its stderr.
+// crashProc is a child test process (see internal/childproc) whose
+// stdout lines are acknowledgements ("ack <sequence> <event id>") or other
+// lines.
 type crashProc struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	acks   chan crashAck // closed at the child's stdout EOF
-	lines  chan string   // every other stdout line; closed at EOF
-	errBuf *crashSyncBuffer
-	read   chan struct{} // closed when stdout is read to the end
-	once   sync.Once
+	*childproc.Proc
+	stdin io.WriteCloser
+	acks  chan crashAck // closed at the child's stdout EOF
+	lines chan string   // every other stdout line; closed at EOF
 }
 
 // crashStart re-executes the test binary running only the test named, with
@@ -287,22 +285,8 @@ type crashProc struct {
 // stdout lines arrive on acks if they are acknowledgements, else on lines.
 func crashStart(t *testing.T, test string, env ...string) *crashProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), env...)
-	p := &crashProc{t: t, cmd: cmd, acks: make(chan crashAck, 1024), lines: make(chan string, 64), errBuf: &crashSyncBuffer{}, read: make(chan struct{})}
-	cmd.Stderr = p.errBuf
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.stdin, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(p.read)
+	p := &crashProc{acks: make(chan crashAck, 1024), lines: make(chan string, 64)}
+	p.Proc = childproc.Start(t, test, func(stdout io.Reader) {
 		defer close(p.acks)
 		defer close(p.lines)
 		sc := bufio.NewScanner(stdout)
@@ -315,10 +299,10 @@ func crashStart(t *testing.T, test string, env ...string) *crashProc {
 				p.lines <- line
 			}
 		}
-		// The read end stays open until here, so a child writing after
-		// an early failure of the parent gets EPIPE, not a hang.
-		io.Copy(io.Discard, stdout)
-	}()
+	}, env...)
+	p.stdin = p.Stdin
+	// Registered after childproc's cleanup, so it runs first: it drains
+	// what the test has not read, so the reader reaches EOF.
 	t.Cleanup(func() {
 		p.kill()
 		p.wait()
@@ -340,50 +324,20 @@ func (p *crashProc) nextAck(d time.Duration) (crashAck, bool) {
 }
 
 // kill sends SIGKILL (Process.Kill on Unix).
-func (p *crashProc) kill() {
-	if err := p.cmd.Process.Kill(); err != nil && !strings.Contains(err.Error(), "finished") {
-		p.t.Errorf("kill child: %v", err)
-	}
-}
+func (p *crashProc) kill() { p.Kill() }
 
-// wait drains stdout and reaps the child, once; it returns its state.
+// wait drains what the test has not read of stdout and reaps the child;
+// it returns its state.
 func (p *crashProc) wait() *os.ProcessState {
-	p.once.Do(func() {
-		p.stdin.Close()
-		// Drain what the test has not read.
-		go func() {
-			for range p.acks {
-			}
-		}()
-		go func() {
-			for range p.lines {
-			}
-		}()
-		<-p.read
-		p.cmd.Wait()
-	})
-	return p.cmd.ProcessState
+	go func() {
+		for range p.acks {
+		}
+	}()
+	go func() {
+		for range p.lines {
+		}
+	}()
+	return p.Wait()
 }
 
-func (p *crashProc) stderr() string { return p.errBuf.String() }
-
-// crashSyncBuffer is a bytes buffer safe for the exec goroutine and the test.
-type crashSyncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *crashSyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.b.Len() < 64<<10 {
-		b.b.Write(p)
-	}
-	return len(p), nil
-}
-
-func (b *crashSyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+func (p *crashProc) stderr() string { return p.Stderr() }

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/childproc"
 	"github.com/replayd/replayd/internal/sseparse"
 )
 
@@ -107,7 +107,7 @@ func TestNodesInProcesses(t *testing.T) {
 		case addr := <-p.addr:
 			cl.setAddr(i, addr, gen)
 		case <-time.After(20 * time.Second):
-			t.Fatalf("node %d did not start within 20s: %s", i, p.errBuf.String())
+			t.Fatalf("node %d did not start within 20s: %s", i, p.Stderr())
 		}
 		return p
 	}
@@ -150,10 +150,10 @@ func TestNodesInProcesses(t *testing.T) {
 	select {
 	case <-prunedOnce:
 	case <-time.After(20 * time.Second):
-		t.Fatalf("node 0 pruned nothing within 20s: %s", nodes[0].errBuf.String())
+		t.Fatalf("node 0 pruned nothing within 20s: %s", nodes[0].Stderr())
 	}
-	nodes[1].kill()
-	nodes[1].wait()
+	nodes[1].Kill()
+	nodes[1].Wait()
 	cl.setAddr(1, "", 1)
 	killedAt := time.Now()
 	nodes[1] = start(1, 2)
@@ -163,11 +163,11 @@ func TestNodesInProcesses(t *testing.T) {
 	// Quiesce: every node stops publishing and says so; then every event
 	// is committed, and the recorder reads the rest.
 	for i, p := range nodes {
-		io.WriteString(p.stdin, "stop\n")
+		io.WriteString(p.Stdin, "stop\n")
 		select {
 		case <-p.stopped:
 		case <-time.After(20 * time.Second):
-			t.Fatalf("node %d did not stop publishing within 20s: %s", i, p.errBuf.String())
+			t.Fatalf("node %d did not stop publishing within 20s: %s", i, p.Stderr())
 		}
 	}
 	close(recStop)
@@ -652,18 +652,13 @@ func cmpOr(s, def string) string {
 	return s
 }
 
-// nodeProc is a node process.
+// nodeProc is a node process (see internal/childproc).
 type nodeProc struct {
-	t       *testing.T
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
+	*childproc.Proc
 	addr    chan string
 	stopped chan struct{}
 	// prunedOnce is closed at the first prune that deleted rows.
 	prunedOnce chan struct{}
-	errBuf     *syncBuffer
-	read       chan struct{} // closed when stdout is read to the end
-	once       sync.Once
 
 	mu     sync.Mutex
 	pruned int64
@@ -679,25 +674,12 @@ func (p *nodeProc) prunedTotal() int64 {
 // to tr as they arrive.
 func startNode(t *testing.T, tr *truth, dsn, prefix, name string, prune bool) *nodeProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNodesInProcesses$", "-test.count=1")
-	cmd.Env = append(os.Environ(), nodeDSNEnv+"="+dsn, nodePrefixEnv+"="+prefix, nodeNameEnv+"="+name)
+	env := []string{nodeDSNEnv + "=" + dsn, nodePrefixEnv + "=" + prefix, nodeNameEnv + "=" + name}
 	if prune {
-		cmd.Env = append(cmd.Env, nodePruneEnv+"=1")
+		env = append(env, nodePruneEnv+"=1")
 	}
-	p := &nodeProc{t: t, cmd: cmd, addr: make(chan string, 1), stopped: make(chan struct{}), prunedOnce: make(chan struct{}), errBuf: &syncBuffer{}, read: make(chan struct{})}
-	cmd.Stderr = p.errBuf
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.stdin, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(p.read)
+	p := &nodeProc{addr: make(chan string, 1), stopped: make(chan struct{}), prunedOnce: make(chan struct{})}
+	p.Proc = childproc.Start(t, "TestNodesInProcesses", func(stdout io.Reader) {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			f := strings.Fields(sc.Text())
@@ -729,48 +711,6 @@ func startNode(t *testing.T, tr *truth, dsn, prefix, name string, prune bool) *n
 				tr.fail("%s: unexpected line %q", name, sc.Text())
 			}
 		}
-		io.Copy(io.Discard, stdout)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		p.wait()
-	})
+	}, env...)
 	return p
-}
-
-// kill sends SIGKILL.
-func (p *nodeProc) kill() {
-	if err := p.cmd.Process.Kill(); err != nil && !strings.Contains(err.Error(), "finished") {
-		p.t.Errorf("kill node: %v", err)
-	}
-}
-
-// wait reaps the process once, after its stdout is read to the end.
-func (p *nodeProc) wait() {
-	p.once.Do(func() {
-		p.stdin.Close()
-		<-p.read
-		p.cmd.Wait()
-	})
-}
-
-// syncBuffer keeps the first 64 KiB of a child's stderr.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.b.Len() < 64<<10 {
-		b.b.Write(p)
-	}
-	return len(p), nil
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
