@@ -85,49 +85,10 @@ func (b *bench) multitopicPhase(ctx context.Context) error {
 	return nil
 }
 
-// scopedFanout is fanoutOnce on a replayd server with client i requesting
+// scopedFanout is fanoutWith on a replayd server with client i requesting
 // path(i), the events published on topic ("": broadcasts).
 func (b *bench) scopedFanout(ctx context.Context, n, events int, path func(int) string, topic string) (fanout, error) {
-	var out fanout
-	srv, err := b.server(ctx, "hub", -1, -1)
-	if err != nil {
-		return out, err
-	}
-	defer srv.stop()
-	f, err := dialFleet(ctx, srv.addr, n, 200, path, nil, 0)
-	if err != nil {
-		return out, err
-	}
-	defer f.close()
-	done := f.expect(int64(events))
-	st0, err := srv.stats(ctx, false)
-	if err != nil {
-		return out, err
-	}
-	var pr publishResult
-	if err := srv.ctl(ctx, fmt.Sprintf("/ctl/publish?n=%d&conc=16&topic=%s", events, url.QueryEscape(topic)), &pr); err != nil {
-		return out, err
-	}
-	if pr.Errors > 0 {
-		return out, fmt.Errorf("%d publishes failed: %s", pr.Errors, pr.FirstErr)
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		frames, short, ended := f.progress()
-		return out, fmt.Errorf("deadline: %d of %d frames, %d clients short, %d streams ended", frames, n*events, short, ended)
-	}
-	st1, err := srv.stats(ctx, false)
-	if err != nil {
-		return out, err
-	}
-	if g := f.gaps(); g > 0 {
-		return out, fmt.Errorf("%d gap frames", g)
-	}
-	frames := float64(n) * float64(events)
-	out.rate = frames / (float64(f.lastReached()-pr.StartNanos) / 1e9)
-	out.cpuFrame = float64(st1.CPUNanos-st0.CPUNanos) / 1e3 / frames
-	return out, nil
+	return b.fanoutWith(ctx, "hub", n, events, 16, path, topic)
 }
 
 func mean(xs []float64) float64 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -226,13 +227,25 @@ func (f fanout) String() string {
 }
 
 func (b *bench) fanoutOnce(ctx context.Context, mode string, n, events int) (fanout, error) {
+	conc := 16
+	if mode == "raw" {
+		conc = 1
+	}
+	return b.fanoutWith(ctx, mode, n, events, conc, func(int) string { return "/events?topic=fan" }, "fan")
+}
+
+// fanoutWith runs one fan-out measurement on a fresh server of mode: n
+// clients, client i requesting path(i), events published on topic ("":
+// broadcasts) by conc publishers; the figure is frames/s until the last
+// client has the last frame, and server CPU per frame. A gap frame fails it.
+func (b *bench) fanoutWith(ctx context.Context, mode string, n, events, conc int, path func(int) string, topic string) (fanout, error) {
 	var out fanout
 	srv, err := b.server(ctx, mode, -1, -1)
 	if err != nil {
 		return out, err
 	}
 	defer srv.stop()
-	f, err := dialFleet(ctx, srv.addr, n, 200, func(int) string { return "/events?topic=fan" }, nil, 0)
+	f, err := dialFleet(ctx, srv.addr, n, 200, path, nil, 0)
 	if err != nil {
 		return out, err
 	}
@@ -242,12 +255,8 @@ func (b *bench) fanoutOnce(ctx context.Context, mode string, n, events int) (fan
 	if err != nil {
 		return out, err
 	}
-	conc := 16
-	if mode == "raw" {
-		conc = 1
-	}
 	var pr publishResult
-	if err := srv.ctl(ctx, fmt.Sprintf("/ctl/publish?n=%d&conc=%d&topic=fan", events, conc), &pr); err != nil {
+	if err := srv.ctl(ctx, fmt.Sprintf("/ctl/publish?n=%d&conc=%d&topic=%s", events, conc, url.QueryEscape(topic)), &pr); err != nil {
 		return out, err
 	}
 	if pr.Errors > 0 {
@@ -263,9 +272,11 @@ func (b *bench) fanoutOnce(ctx context.Context, mode string, n, events int) (fan
 	if err != nil {
 		return out, err
 	}
+	if g := f.gaps(); g > 0 {
+		return out, fmt.Errorf("%d gap frames", g)
+	}
 	frames := float64(n) * float64(events)
-	secs := float64(f.lastReached()-pr.StartNanos) / 1e9
-	out.rate = frames / secs
+	out.rate = frames / (float64(f.lastReached()-pr.StartNanos) / 1e9)
 	out.cpuFrame = float64(st1.CPUNanos-st0.CPUNanos) / 1e3 / frames
 	return out, nil
 }
