@@ -114,16 +114,29 @@ func TestNodesInProcesses(t *testing.T) {
 	nodes := []*nodeProc{start(0, 1), start(1, 1), start(2, 1)}
 	prunedOnce := nodes[0].prunedOnce
 
-	// Clients: every scope shape, on every node; two stay on node 1 until
-	// it dies, two join from cursor 0 once node 0 has pruned (a pruned
-	// gap, then the retained events), the others from the head.
-	scopes := [][]string{nil, {"a"}, {"a", "b"}, {"c"}, nil, {"b"}, {"a"}, nil}
-	clients := make([]*nodeClient, len(scopes))
+	// Clients: every scope shape, on every node, over SSE, over polls, and
+	// switching transports (SSE, then polls, then SSE, ...) on one cursor;
+	// some stay on node 1 until it dies, some join from cursor 0 once node
+	// 0 has pruned (a pruned gap, then the retained events), the others
+	// from the head.
+	specs := []struct {
+		scope            []string
+		mode             clientMode
+		fromZero, sticky bool
+	}{
+		{nil, overSSE, false, false}, {[]string{"a"}, overSSE, false, true}, {[]string{"a", "b"}, overSSE, true, false},
+		{[]string{"c"}, overSSE, false, false}, {nil, overSSE, false, true}, {[]string{"b"}, overSSE, false, false},
+		{[]string{"a"}, overSSE, false, false}, {nil, overSSE, true, false},
+		{nil, overPoll, false, false}, {[]string{"a"}, overPoll, false, false}, {[]string{"b", "c"}, overPoll, false, false},
+		{nil, overPoll, true, false}, {[]string{"c"}, overPoll, false, true},
+		{[]string{"a"}, overBoth, false, false}, {nil, overBoth, false, false}, {[]string{"b"}, overBoth, true, false},
+	}
+	clients := make([]*nodeClient, len(specs))
 	cctx, ccancel := context.WithCancel(ctx)
 	defer ccancel()
 	var cwg sync.WaitGroup
-	for i, scope := range scopes {
-		c := &nodeClient{name: fmt.Sprintf("client%d%v", i, scope), scope: scope, node: i % 3, fromZero: i == 2 || i == 7, sticky: i == 1 || i == 4}
+	for i, sp := range specs {
+		c := &nodeClient{name: fmt.Sprintf("client%d%s%v", i, sp.mode, sp.scope), scope: sp.scope, mode: sp.mode, node: i % 3, fromZero: sp.fromZero, sticky: sp.sticky}
 		if c.sticky {
 			c.node = 1
 		}
@@ -196,6 +209,7 @@ func TestNodesInProcesses(t *testing.T) {
 		t.Fatalf("%d violations, the first: %v", len(errs), errs[:min(len(errs), 10)])
 	}
 	var resumes, exact, gaps, killedResumes, onRestarted int
+	var polls, pollEvents, sseEvents, pollGaps, pollExact, probes, switches int
 	for _, c := range clients {
 		c.check(t, tr)
 		resumes += c.resumes
@@ -203,6 +217,13 @@ func TestNodesInProcesses(t *testing.T) {
 		gaps += len(c.gaps)
 		killedResumes += c.killed
 		onRestarted += c.onRestarted
+		polls += c.polls
+		pollEvents += c.pollEvents
+		sseEvents += len(c.seqs) - c.pollEvents
+		pollGaps += c.pollGaps
+		pollExact += c.pollExact
+		probes += c.probes
+		switches += c.switches
 	}
 	if pruned == 0 {
 		t.Errorf("node 0 pruned nothing: the run did not exercise retention")
@@ -219,8 +240,18 @@ func TestNodesInProcesses(t *testing.T) {
 	if gaps == 0 {
 		t.Errorf("no gap frame: the clients joining from cursor 0 after pruning got none")
 	}
-	t.Logf("%d events (%d acknowledged), head %d, %d pruned by node 0; %d resumes on another node (%d exact with no gap, %d after the kill, %d onto the restarted node), %d gap frames; %v",
-		tr.count(), tr.acked(), tr.head(), pruned, resumes, exact, killedResumes, onRestarted, gaps, time.Since(began).Round(time.Millisecond))
+	if pollGaps == 0 {
+		t.Errorf("no poll answered a pruned gap: the poll client joining from cursor 0 after pruning got none")
+	}
+	if pollExact == 0 {
+		t.Errorf("no poll client resumed on another node without a gap")
+	}
+	if probes == 0 || switches == 0 {
+		t.Errorf("%d unknown_cursor probes, %d transport switches: want some of each", probes, switches)
+	}
+	t.Logf("%d events (%d acknowledged), head %d, %d pruned by node 0; %d resumes on another node (%d exact with no gap, %d after the kill, %d onto the restarted node), %d gaps; %d events checked over SSE, %d over %d polls (%d exact poll resumes, %d pruned gaps by poll, %d unknown_cursor probes), %d switches between SSE and polls; %v",
+		tr.count(), tr.acked(), tr.head(), pruned, resumes, exact, killedResumes, onRestarted, gaps,
+		sseEvents, pollEvents, polls, pollExact, pollGaps, probes, switches, time.Since(began).Round(time.Millisecond))
 }
 
 // sleepCtx waits d or until ctx ends.
@@ -244,6 +275,7 @@ type nodeRow struct {
 type truth struct {
 	mu   sync.Mutex
 	rows map[int64]nodeRow
+	max  int64 // the highest sequence known committed
 	errs []string
 }
 
@@ -258,6 +290,15 @@ func (tr *truth) add(seq int64, id, topic, source string) {
 	r.id, r.topic = id, topic
 	r.acked = r.acked || source == "ack"
 	tr.rows[seq] = r
+	tr.max = max(tr.max, seq)
+}
+
+// known returns the highest sequence known to be committed: a head read
+// after it must be at least this.
+func (tr *truth) known() int64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.max
 }
 
 func (tr *truth) fail(format string, args ...any) {
@@ -339,10 +380,21 @@ func (cl *cluster) addr(i int) (string, int) {
 	return cl.addrs[i], cl.gens[i]
 }
 
-// nodeClient is an SSE client hopping between nodes.
+// clientMode is how a nodeClient reads: SSE, polls, or SSE and polls by
+// turns, one transport per node it visits, on one cursor.
+type clientMode string
+
+const (
+	overSSE  clientMode = "sse"
+	overPoll clientMode = "poll"
+	overBoth clientMode = "both"
+)
+
+// nodeClient is a client hopping between nodes, over SSE, polls or both.
 type nodeClient struct {
 	name     string
 	scope    []string
+	mode     clientMode
 	node     int  // the node it is on, or tries next
 	fromZero bool // first connection sends Last-Event-ID 0
 	sticky   bool // leaves its node only when the stream ends
@@ -357,6 +409,13 @@ type nodeClient struct {
 	killed      int        // resumes after a stream the client did not end
 	onRestarted int        // connections to a node's second generation
 	exact       int        // resumes on another node that went on at the cursor with no gap
+
+	polls      int // poll answers checked
+	pollEvents int // events received by poll (the rest of seqs by SSE)
+	pollGaps   int // pruned gaps answered to polls
+	pollExact  int // poll resumes on another node that went on at the cursor with no gap
+	probes     int // unknown_cursor probes answered as SPEC §11 says
+	switches   int // visits whose transport differed from the previous visit's
 }
 
 func (c *nodeClient) cursorNow() int64 {
@@ -370,7 +429,7 @@ func (c *nodeClient) cursorNow() int64 {
 // when its stream ends (its node was killed).
 func (c *nodeClient) run(ctx context.Context, cl *cluster, tr *truth, rng *rand.Rand) {
 	lostStream := false
-	for ctx.Err() == nil {
+	for visit := 0; ctx.Err() == nil; {
 		base, gen := cl.addr(c.node)
 		if base == "" {
 			c.node = (c.node + 1) % 3
@@ -381,7 +440,21 @@ func (c *nodeClient) run(ctx context.Context, cl *cluster, tr *truth, rng *rand.
 		if !c.sticky {
 			life = time.Duration(300+rng.IntN(900)) * time.Millisecond
 		}
-		ours, err := c.connect(ctx, base, gen, life, lostStream, tr)
+		var (
+			ours bool
+			err  error
+		)
+		if c.mode == overPoll || (c.mode == overBoth && visit%2 == 1) {
+			ours, err = c.pollFor(ctx, base, gen, life, lostStream, tr, rng)
+		} else {
+			ours, err = c.connect(ctx, base, gen, life, lostStream, tr)
+		}
+		if c.mode == overBoth && visit > 0 {
+			c.mu.Lock()
+			c.switches++
+			c.mu.Unlock()
+		}
+		visit++
 		if ctx.Err() != nil {
 			return
 		}
@@ -504,6 +577,232 @@ func (c *nodeClient) connect(ctx context.Context, base string, gen int, life tim
 	return cctx.Err() != nil, nil
 }
 
+// pollFor polls one node for at most life, passing the cursor back each
+// time; it returns whether the client ended the visit (false: a request
+// failed, the node is down). Every answer is checked against SPEC §11 and
+// the truth; violations go to tr; err is for what ends the client.
+func (c *nodeClient) pollFor(ctx context.Context, base string, gen int, life time.Duration, afterLoss bool, tr *truth, rng *rand.Rand) (ours bool, err error) {
+	end := time.Now().Add(life)
+	first, idle, gapped, counted := true, false, false, false
+	c.mu.Lock()
+	resuming := c.connected
+	c.mu.Unlock()
+	if rng.IntN(4) == 0 {
+		if !c.probe(ctx, base, tr) {
+			return ctx.Err() != nil, nil
+		}
+	}
+	for time.Now().Before(end) {
+		if ctx.Err() != nil {
+			return true, nil
+		}
+		c.mu.Lock()
+		connected, cursor := c.connected, c.cursor
+		c.mu.Unlock()
+		fresh := !connected && !c.fromZero
+		q := url.Values{"topic": c.scope}
+		if !fresh {
+			q.Set("cursor", strconv.FormatInt(cursor, 10))
+		}
+		limit := 1 + rng.IntN(200)
+		q.Set("limit", strconv.Itoa(limit))
+		if !fresh && (idle || rng.IntN(2) == 0) {
+			q.Set("wait", "0.5") // held until an event of the scope is committed on any node
+		}
+		known := tr.known()
+		ans, err := getPoll(ctx, base+"/poll?"+q.Encode())
+		if err != nil {
+			if ctx.Err() != nil {
+				return true, nil
+			}
+			if errors.Is(err, errPollStatus) {
+				return false, err
+			}
+			return false, nil // the node is dying: try another
+		}
+		c.mu.Lock()
+		c.polls++
+		if first {
+			first = false
+			if resuming {
+				c.resumes++
+				if afterLoss {
+					c.killed++
+				}
+			}
+			if gen == 2 {
+				c.onRestarted++
+			}
+		}
+		bad := func(format string, args ...any) {
+			tr.fail("%s poll on %s at cursor %d: %s", c.name, base, cursor, fmt.Sprintf(format, args...))
+		}
+		if ans.Head < known {
+			bad("head %d, but %d was committed before the request", ans.Head, known)
+		}
+		if len(ans.Events) > limit {
+			bad("%d events for limit %d", len(ans.Events), limit)
+		}
+		if ans.More && len(ans.Events) < limit {
+			bad("more with %d events for limit %d", len(ans.Events), limit)
+		}
+		after := cursor // events must be above it
+		switch {
+		case fresh:
+			if ans.Gap != nil || len(ans.Events) > 0 || ans.Cursor != ans.Head {
+				bad("fresh poll answered gap %+v, %d events, cursor %d, head %d", ans.Gap, len(ans.Events), ans.Cursor, ans.Head)
+			}
+			c.connected, c.start, c.cursor = true, ans.Cursor, ans.Cursor
+			c.mu.Unlock()
+			continue
+		case ans.Gap == nil:
+		case ans.Gap.Reason == "pruned":
+			g := ans.Gap
+			if g.ResumedFrom == nil || *g.ResumedFrom != cursor || g.MissedFrom == nil || *g.MissedFrom != cursor+1 ||
+				g.MissedThrough == nil || *g.MissedThrough <= cursor || g.Missed != nil {
+				bad("pruned gap %s", g)
+				break
+			}
+			c.gaps = append(c.gaps, [2]int64{*g.MissedFrom, *g.MissedThrough})
+			c.pollGaps++
+			gapped = true
+			after = *g.MissedThrough
+		default:
+			// unknown_cursor needs a cursor above the head: this one is a
+			// sequence some node served, and replay_limit is not for polls.
+			bad("gap %s", ans.Gap)
+		}
+		if !connected {
+			c.connected, c.start = true, cursor
+		}
+		for _, e := range ans.Events {
+			var p struct{ ID, Topic string }
+			topic := ""
+			if e.Topic != nil {
+				topic = *e.Topic
+			}
+			if err := json.Unmarshal(e.Data, &p); err != nil || p.Topic != topic || e.Type != "message" {
+				bad("bad event %d: type %q, topic %v, data %s", e.ID, e.Type, e.Topic, e.Data)
+				continue
+			}
+			tr.add(e.ID, p.ID, p.Topic, c.name)
+			switch {
+			case e.ID <= after:
+				bad("event %d not above %d (out of order, repeated or inside the gap)", e.ID, after)
+			case !scopeSees(c.scope, p.Topic):
+				bad("event %d of topic %q is outside its scope", e.ID, p.Topic)
+			}
+			after = max(after, e.ID)
+			c.seqs = append(c.seqs, e.ID)
+			c.pollEvents++
+		}
+		if n := len(ans.Events); n > 0 {
+			if ans.Cursor != ans.Events[n-1].ID {
+				bad("cursor %d, last event %d", ans.Cursor, ans.Events[n-1].ID)
+			}
+			if resuming && !gapped && !counted {
+				c.pollExact++ // check proves nothing visible was skipped
+				c.exact++
+			}
+			counted = true
+		} else if ans.Cursor != cursor {
+			bad("cursor %d with no events", ans.Cursor)
+		}
+		c.cursor = max(c.cursor, ans.Cursor)
+		idle = len(ans.Events) == 0 && ans.Gap == nil
+		c.mu.Unlock()
+	}
+	return true, nil
+}
+
+// probe sends one poll with a cursor far above any head: SPEC §11 answers
+// an unknown_cursor gap with the head as the cursor and no events. The
+// client's cursor does not move. It returns false when the request failed
+// (the node is dying).
+func (c *nodeClient) probe(ctx context.Context, base string, tr *truth) bool {
+	bogus := tr.known() + 1e12
+	known := tr.known()
+	ans, err := getPoll(ctx, base+"/poll?"+url.Values{"topic": c.scope, "cursor": {strconv.FormatInt(bogus, 10)}}.Encode())
+	if err != nil {
+		if errors.Is(err, errPollStatus) {
+			tr.fail("%s probe on %s: %v", c.name, base, err)
+		}
+		return false
+	}
+	g := ans.Gap
+	if g == nil || g.Reason != "unknown_cursor" || g.ResumedFrom == nil || *g.ResumedFrom != bogus ||
+		g.MissedFrom != nil || g.MissedThrough != nil || g.Missed != nil ||
+		len(ans.Events) > 0 || ans.Cursor != ans.Head || ans.Head < known {
+		tr.fail("%s probe on %s with cursor %d (known head %d): cursor %d, head %d, gap %s, %d events", c.name, base, bogus, known, ans.Cursor, ans.Head, g, len(ans.Events))
+	}
+	c.mu.Lock()
+	c.probes++
+	c.mu.Unlock()
+	return true
+}
+
+// pollAnswer is a poll's JSON answer (SPEC §11).
+type pollAnswer struct {
+	Cursor, Head int64
+	More         bool
+	Gap          *pollGap
+	Events       []struct {
+		ID    int64
+		Type  string
+		Topic *string
+		Data  json.RawMessage
+	}
+}
+
+type pollGap struct {
+	Reason                                         string
+	ResumedFrom, MissedFrom, MissedThrough, Missed *int64
+}
+
+func (g *pollGap) String() string {
+	if g == nil {
+		return "null"
+	}
+	s := func(p *int64) string {
+		if p == nil {
+			return "null"
+		}
+		return strconv.FormatInt(*p, 10)
+	}
+	return fmt.Sprintf("{%s resumedFrom %s missed %s..%s (%s)}", g.Reason, s(g.ResumedFrom), s(g.MissedFrom), s(g.MissedThrough), s(g.Missed))
+}
+
+var errPollStatus = errors.New("poll status")
+
+// getPoll sends one poll, for at most 10 s. An answer other than 200 is
+// errPollStatus; a failed request or a body cut short (the node was
+// killed) is another error.
+func getPoll(ctx context.Context, u string) (*pollAnswer, error) {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%w %d: %s", errPollStatus, resp.StatusCode, body)
+	}
+	var ans pollAnswer
+	if err := json.Unmarshal(body, &ans); err != nil {
+		return nil, fmt.Errorf("%w 200 with a body that is not an answer: %v: %.200s", errPollStatus, err, body)
+	}
+	return &ans, nil
+}
+
 // check: every event visible to the scope above the starting cursor and
 // up to the client's cursor was received exactly once, in order, or lies
 // inside a gap's range.
@@ -577,7 +876,10 @@ func runNode(dsn, prefix, name string, prune bool) {
 	if err != nil {
 		die(2, err)
 	}
-	go http.Serve(ln, hub.Handler())
+	mux := http.NewServeMux()
+	mux.Handle("/poll", hub.PollHandler())
+	mux.Handle("/", hub.Handler())
+	go http.Serve(ln, mux)
 	var outMu sync.Mutex
 	say := func(format string, args ...any) {
 		outMu.Lock()
