@@ -25,14 +25,19 @@ import (
 )
 
 // Three nodes as three OS processes (this test binary re-executed), each a
-// hub on one PostgreSQL log with StartTail and its SSE handler on
-// 127.0.0.1, publishing from two goroutines; node 0 prunes; node 1 is
-// killed with SIGKILL mid-run and restarted. SSE clients in this process
-// connect to the nodes and hop between them with their Last-Event-ID. At
-// the end every client must have received every event visible to its
-// scope above its starting cursor exactly once, in order, or inside a gap
-// frame's range (SPEC §1, §14), and every resume on a node other than the
-// one the client left must continue exactly at its cursor.
+// hub on one PostgreSQL log with StartTail, its SSE handler and its poll
+// handler (/poll) on 127.0.0.1, publishing from two goroutines; node 0
+// prunes; node 1 is killed with SIGKILL mid-run and restarted. Clients in
+// this process connect to the nodes and hop between them: over SSE with
+// their Last-Event-ID, over polls passing their cursor back (some long
+// polls, random limits), and some switching SSE → polls → SSE on one
+// cursor. At the end every client must have received every event visible
+// to its scope above its starting cursor exactly once, in order, or inside
+// a gap's range (SPEC §1, §11, §14), and every resume on a node other than
+// the one the client left must continue exactly at its cursor; every poll
+// answer is checked as it arrives (SPEC §11: pruned gaps from cursor+1,
+// cursor and more, a head no older than what was committed before the
+// request, unknown_cursor for a cursor above the head).
 
 const (
 	nodeDSNEnv    = "REPLAYD_PG_NODE_DSN"    // run as a node on this DSN
