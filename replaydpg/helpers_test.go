@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,7 +40,12 @@ func testDSN(t testing.TB) string {
 // test ends, so tests run in parallel and leave nothing behind.
 func testPrefix(t testing.TB) string {
 	t.Helper()
-	dsn := testDSN(t)
+	return testPrefixDSN(t, testDSN(t))
+}
+
+// testPrefixDSN is testPrefix on the cluster of dsn.
+func testPrefixDSN(t testing.TB, dsn string) string {
+	t.Helper()
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		t.Fatal(err)
@@ -90,14 +96,20 @@ func openPrefixDSN(t testing.TB, prefix, dsn string) *Store {
 
 // withPoolSize sets pgxpool's pool_max_conns in a DSN of either form.
 func withPoolSize(dsn string, n int) string {
+	return withDSNParam(dsn, "pool_max_conns", strconv.Itoa(n))
+}
+
+// withDSNParam adds key=value (value without spaces or quotes) to a DSN of
+// either form.
+func withDSNParam(dsn, key, value string) string {
 	if strings.Contains(dsn, "://") {
 		sep := "?"
 		if strings.Contains(dsn, "?") {
 			sep = "&"
 		}
-		return fmt.Sprintf("%s%spool_max_conns=%d", dsn, sep, n)
+		return dsn + sep + key + "=" + value
 	}
-	return fmt.Sprintf("%s pool_max_conns=%d", dsn, n)
+	return dsn + " " + key + "=" + value
 }
 
 // testPool is a plain pool for raw SQL in tests.

@@ -403,6 +403,7 @@ type nodeClient struct {
 	node     int  // the node it is on, or tries next
 	fromZero bool // first connection sends Last-Event-ID 0
 	sticky   bool // leaves its node only when the stream ends
+	outages  bool // the database may be down: a poll's 503 sends it to another node
 
 	mu          sync.Mutex
 	connected   bool // a first hello was read
@@ -620,10 +621,10 @@ func (c *nodeClient) pollFor(ctx context.Context, base string, gen int, life tim
 			if ctx.Err() != nil {
 				return true, nil
 			}
-			if errors.Is(err, errPollStatus) {
+			if errors.Is(err, errPollStatus) && !(c.outages && errors.Is(err, errPoll503)) {
 				return false, err
 			}
-			return false, nil // the node is dying: try another
+			return false, nil // the node is dying, or its database is down: try another
 		}
 		c.mu.Lock()
 		c.polls++
@@ -729,7 +730,7 @@ func (c *nodeClient) probe(ctx context.Context, base string, tr *truth) bool {
 	known := tr.known()
 	ans, err := getPoll(ctx, base+"/poll?"+url.Values{"topic": c.scope, "cursor": {strconv.FormatInt(bogus, 10)}}.Encode())
 	if err != nil {
-		if errors.Is(err, errPollStatus) {
+		if errors.Is(err, errPollStatus) && !(c.outages && errors.Is(err, errPoll503)) {
 			tr.fail("%s probe on %s: %v", c.name, base, err)
 		}
 		return false
@@ -777,7 +778,10 @@ func (g *pollGap) String() string {
 	return fmt.Sprintf("{%s resumedFrom %s missed %s..%s (%s)}", g.Reason, s(g.ResumedFrom), s(g.MissedFrom), s(g.MissedThrough), s(g.Missed))
 }
 
-var errPollStatus = errors.New("poll status")
+var (
+	errPollStatus = errors.New("poll status")
+	errPoll503    = errors.New("poll status 503")
+)
 
 // getPoll sends one poll, for at most 10 s. An answer other than 200 is
 // errPollStatus; a failed request or a body cut short (the node was
@@ -797,6 +801,9 @@ func getPoll(ctx context.Context, u string) (*pollAnswer, error) {
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return nil, err
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		return nil, fmt.Errorf("%w, %w: %s", errPollStatus, errPoll503, body)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%w %d: %s", errPollStatus, resp.StatusCode, body)
