@@ -18,25 +18,38 @@
 #                         it accepts connections (nothing if it runs)
 # Its settings live in its postgresql.conf, so a restart keeps them. It costs
 # about 1.5 s more.
+#
+# REPLAYD_PG_PGBOUNCER=1 (.ci/run sets it) also installs PgBouncer if it is
+# missing and starts one in front of the first cluster (unix socket only,
+# a few milliseconds), exporting
+#   REPLAYD_PG_BOUNCER_DSN          database "postgres", pool_mode=transaction
+#   REPLAYD_PG_BOUNCER_SESSION_DSN  the same database, pool_mode=session
 
 pg_bindir() {
   ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
 }
 
-# pg_install sets REPLAYD_PG_BIN, installing postgresql if it is missing.
+# pg_install sets REPLAYD_PG_BIN, installing postgresql (and, with
+# REPLAYD_PG_PGBOUNCER=1, pgbouncer) if it is missing.
 pg_install() {
-  local bin
+  local bin pkgs=
   bin=$(pg_bindir)
   if [ -z "$bin" ] || [ ! -x "$bin/initdb" ]; then
-    echo "== installing postgresql"
+    pkgs=postgresql
+  fi
+  if [ "${REPLAYD_PG_PGBOUNCER:-}" = 1 ] && [ ! -x /usr/sbin/pgbouncer ]; then
+    pkgs="$pkgs pgbouncer"
+  fi
+  if [ -n "$pkgs" ]; then
+    echo "== installing $pkgs"
     export DEBIAN_FRONTEND=noninteractive
     local try
     for try in 1 2 3; do
-      if apt-get install -y -qq postgresql >/dev/null ||
-        { apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; }; then
+      if apt-get install -y -qq $pkgs >/dev/null ||
+        { apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null; }; then
         break
       fi
-      [ "$try" = 3 ] && { echo "pg.sh: cannot install postgresql" >&2; return 1; }
+      [ "$try" = 3 ] && { echo "pg.sh: cannot install $pkgs" >&2; return 1; }
       echo "apt failed; retrying"; sleep 10
     done
     bin=$(pg_bindir)
@@ -82,6 +95,38 @@ pg_start() {
   if [ "${REPLAYD_PG_FSYNC_CLUSTER:-}" = 1 ]; then
     pg_start_fsync || return 1
   fi
+  if [ "${REPLAYD_PG_PGBOUNCER:-}" = 1 ]; then
+    pg_start_bouncer || return 1
+  fi
+}
+
+# pg_start_bouncer starts PgBouncer in front of the first cluster.
+pg_start_bouncer() {
+  local dir=$REPLAYD_PG_DIR/bouncer
+  mkdir -p "$dir" && chown postgres:postgres "$dir" || return 1
+  cat >"$dir/pgbouncer.ini" <<EOF
+[databases]
+postgres = host=$REPLAYD_PG_DIR dbname=postgres user=postgres
+postgres_session = host=$REPLAYD_PG_DIR dbname=postgres user=postgres pool_mode=session
+[pgbouncer]
+listen_addr =
+listen_port = 6432
+unix_socket_dir = $dir
+auth_type = any
+pool_mode = transaction
+max_client_conn = 1000
+default_pool_size = 20
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+EOF
+  # PgBouncer refuses to run as root, like postgres.
+  runuser -u postgres -- /usr/sbin/pgbouncer -d "$dir/pgbouncer.ini" ||
+    { cat "$dir/pgbouncer.log" >&2; echo "pg.sh: pgbouncer did not start" >&2; return 1; }
+  runuser -u postgres -- "$REPLAYD_PG_BIN/psql" -h "$dir" -p 6432 -U postgres -d postgres -Atqc 'SELECT 1' >/dev/null ||
+    { cat "$dir/pgbouncer.log" >&2; echo "pg.sh: pgbouncer does not answer" >&2; return 1; }
+  export REPLAYD_PG_BOUNCER_DSN="host=$dir port=6432 user=postgres dbname=postgres"
+  export REPLAYD_PG_BOUNCER_SESSION_DSN="host=$dir port=6432 user=postgres dbname=postgres_session"
+  echo "== $(/usr/sbin/pgbouncer --version | head -n 1) at $dir (transaction and session pooling)"
 }
 
 # pg_start_fsync starts the second cluster, the one the crash test crashes.
@@ -144,6 +189,9 @@ EOF
 }
 
 pg_stop() {
+  if [ -n "${REPLAYD_PG_DIR:-}" ] && [ -f "$REPLAYD_PG_DIR/bouncer/pgbouncer.pid" ]; then
+    kill "$(cat "$REPLAYD_PG_DIR/bouncer/pgbouncer.pid")" 2>/dev/null || true
+  fi
   if [ -n "${REPLAYD_PG_FSYNC_DIR:-}" ] && [ -d "$REPLAYD_PG_FSYNC_DIR" ]; then
     [ -x "$REPLAYD_PG_FSYNC_DIR/ctl" ] && "$REPLAYD_PG_FSYNC_DIR/ctl" stop
     rm -rf "$REPLAYD_PG_FSYNC_DIR"

@@ -20,16 +20,14 @@ import (
 // (B's fallback poll is an hour), and both nodes read the same log.
 func TestHubsOnTwoNodes(t *testing.T) {
 	dsn, prefix := testDSN(t), testPrefix(t)
+	hubsOnTwoNodes(t, func() *Store { return openPrefixDSN(t, prefix, dsn) })
+}
+
+// hubsOnTwoNodes is TestHubsOnTwoNodes on the stores open returns (two
+// calls, one log).
+func hubsOnTwoNodes(t *testing.T, open func() *Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	open := func() *Store {
-		s, err := Open(ctx, dsn, WithTablePrefix(prefix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
 	hubA, err := replayd.NewWithStore(open(), replayd.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -22,11 +22,22 @@
 //   - The listener behind WaitForAppend is one extra session-level connection
 //     (not from the pool; PgBouncer transaction pooling breaks LISTEN),
 //     opened on the first call, named "replayd listener" in
-//     pg_stat_activity.
+//     pg_stat_activity. WithListenDSN points it elsewhere than the pool.
 //   - The pool's sessions use plan_cache_mode=force_generic_plan unless the
 //     DSN sets it: every query's plan is pinned by its text (see sql.go), so
 //     planning once per connection is safe and saves about half of a
-//     one-event Append.
+//     one-event Append. It is set with SET when a connection opens, not as
+//     a startup parameter, which PgBouncer refuses ("unsupported startup
+//     parameter"); with WithTransactionPooling it is not set at all (a SET
+//     would stay on a server connection other clients then use).
+//
+// Behind a connection pooler: in session pooling (PgBouncer pool_mode =
+// session) Open needs nothing more. In transaction pooling the store's own
+// statements work with WithTransactionPooling (one transaction per
+// statement or pipeline, no session state, unnamed statements), but LISTEN
+// is session state: give the listener a session-level connection with
+// WithListenDSN (PostgreSQL directly, or a session-mode pool); Open refuses
+// WithTransactionPooling without it.
 package replaydpg
 
 import (
@@ -41,6 +52,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/replayd/replayd"
@@ -59,7 +71,32 @@ const pruneBatch = 1000
 type Option func(*config)
 
 type config struct {
-	prefix string
+	prefix    string
+	listenDSN string
+	txPooling bool
+}
+
+// WithListenDSN connects the listener (the one session-level connection
+// behind WaitForAppend, which LISTENs) to listenDSN instead of Open's dsn:
+// to PostgreSQL directly, or through a pooler in session mode, when Open's
+// dsn goes through a pooler in transaction mode. Both must reach the same
+// database.
+func WithListenDSN(listenDSN string) Option {
+	return func(c *config) { c.listenDSN = listenDSN }
+}
+
+// WithTransactionPooling declares that Open's dsn goes through a pooler in
+// transaction mode (PgBouncer pool_mode = transaction), where consecutive
+// transactions of one client connection may run on different server
+// connections. The pool then runs every statement unnamed (pgx's
+// QueryExecModeExec: nothing prepared outlives its pipeline; PgBouncer
+// before 1.21 supports no prepared statements in this mode) unless the dsn
+// sets default_query_exec_mode, and sets no session parameter. It requires
+// WithListenDSN, since LISTEN is session state: through a transaction-mode
+// pooler notifications would go to whichever client holds the server
+// connection next.
+func WithTransactionPooling() Option {
+	return func(c *config) { c.txPooling = true }
 }
 
 // WithTablePrefix names the tables prefix+"events", prefix+"head" and
@@ -115,15 +152,32 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	if !prefixRE.MatchString(cfg.prefix) {
 		return nil, fmt.Errorf("replaydpg: %w: table prefix %q: want [a-z_][a-z0-9_]{0,39}", replayd.ErrInvalid, cfg.prefix)
 	}
+	if cfg.txPooling && cfg.listenDSN == "" {
+		return nil, fmt.Errorf("replaydpg: %w: WithTransactionPooling needs WithListenDSN: LISTEN needs a session-level connection", replayd.ErrInvalid)
+	}
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: open: %w", err)
 	}
-	// Every query's plan is fixed by its text (see sql.go): plan once per
-	// connection, not once per call. Planning the append statement costs
-	// about as much as running it for one event.
-	if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
-		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	listenCfg := pcfg.ConnConfig.Copy()
+	if cfg.listenDSN != "" {
+		if listenCfg, err = pgx.ParseConfig(cfg.listenDSN); err != nil {
+			return nil, fmt.Errorf("replaydpg: open: listen DSN: %w", err)
+		}
+	}
+	if cfg.txPooling {
+		if !dsnSets(dsn, "default_query_exec_mode") {
+			pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		}
+	} else if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
+		// Every query's plan is fixed by its text (see sql.go): plan once
+		// per connection, not once per call. Planning the append statement
+		// costs about as much as running it for one event. A SET, not a
+		// startup parameter: PgBouncer refuses unknown startup parameters.
+		pcfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+			return err
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -132,7 +186,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	p := cfg.prefix
 	s := &Store{
 		pool:       pool,
-		connCfg:    pcfg.ConnConfig.Copy(),
+		connCfg:    listenCfg,
 		prefix:     p,
 		channel:    p + "events",
 		listenDone: make(chan struct{}),
@@ -160,6 +214,17 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("replaydpg: open: %w", err)
 	}
 	return s, nil
+}
+
+// dsnSets reports whether dsn (already parsed once without error) sets
+// the parameter key.
+func dsnSets(dsn, key string) bool {
+	c, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return false
+	}
+	_, ok := c.RuntimeParams[key]
+	return ok
 }
 
 // ensureSchema creates the tables in one transaction, under an advisory

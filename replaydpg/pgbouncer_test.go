@@ -1,0 +1,80 @@
+package replaydpg
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/storetest"
+)
+
+// bouncerDSNs returns the DSNs of the PgBouncer that .ci/pg.sh starts with
+// REPLAYD_PG_PGBOUNCER=1, in transaction and in session pooling, in front
+// of the test cluster. Without them the test skips on a developer machine
+// and fails under CI=true.
+func bouncerDSNs(t *testing.T) (transaction, session string) {
+	t.Helper()
+	transaction, session = os.Getenv("REPLAYD_PG_BOUNCER_DSN"), os.Getenv("REPLAYD_PG_BOUNCER_SESSION_DSN")
+	if transaction == "" || session == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("REPLAYD_PG_BOUNCER_DSN or REPLAYD_PG_BOUNCER_SESSION_DSN is not set under CI: .ci/pg.sh did not start PgBouncer (REPLAYD_PG_PGBOUNCER=1)")
+		}
+		t.Skip("no PgBouncer; start one with: REPLAYD_PG_PGBOUNCER=1 source .ci/pg.sh")
+	}
+	return transaction, session
+}
+
+// Behind PgBouncer in session pooling, Open needs no option: two hubs on
+// one log, the second woken by NOTIFY through the pooler.
+func TestPgBouncerSessionPooling(t *testing.T) {
+	_, session := bouncerDSNs(t)
+	prefix := testPrefix(t)
+	hubsOnTwoNodes(t, func() *Store { return openBouncer(t, session, WithTablePrefix(prefix)) })
+}
+
+// Behind PgBouncer in transaction pooling, with WithTransactionPooling and
+// the listener on a session-level connection (WithListenDSN: the cluster
+// directly): the store passes the conformance kit, and two hubs on one log
+// work, the second woken by NOTIFY (its fallback poll is an hour).
+func TestPgBouncerTransactionPooling(t *testing.T) {
+	transaction, _ := bouncerDSNs(t)
+	direct := testDSN(t)
+	t.Run("NeedsListenDSN", func(t *testing.T) {
+		s, err := Open(testCtx(t, 30*time.Second), transaction, WithTransactionPooling(), WithTablePrefix(testPrefix(t)))
+		if !errors.Is(err, replayd.ErrInvalid) {
+			if s != nil {
+				s.Close()
+			}
+			t.Fatalf("Open with WithTransactionPooling and no WithListenDSN: %v, want ErrInvalid", err)
+		}
+	})
+	t.Run("HubsOnTwoNodes", func(t *testing.T) {
+		prefix := testPrefix(t)
+		hubsOnTwoNodes(t, func() *Store {
+			return openBouncer(t, transaction, WithTablePrefix(prefix), WithTransactionPooling(), WithListenDSN(direct))
+		})
+	})
+	t.Run("Conformance", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) func() replayd.Store {
+			prefix := testPrefix(t)
+			return func() replayd.Store {
+				return openBouncer(t, transaction, WithTablePrefix(prefix), WithTransactionPooling(), WithListenDSN(direct))
+			}
+		})
+	})
+}
+
+func openBouncer(t *testing.T, dsn string, opts ...Option) *Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Open(ctx, dsn, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
