@@ -78,3 +78,36 @@ func openBouncer(t *testing.T, dsn string, opts ...Option) *Store {
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// The pool's sessions plan generically (a SET after connecting, see Open)
+// unless the DSN says otherwise, directly and behind a session-mode pooler;
+// with WithTransactionPooling nothing is SET on the server's sessions.
+func TestPlanCacheMode(t *testing.T) {
+	direct := testDSN(t)
+	transaction, session := os.Getenv("REPLAYD_PG_BOUNCER_DSN"), os.Getenv("REPLAYD_PG_BOUNCER_SESSION_DSN")
+	cases := []struct {
+		name, dsn string
+		opts      []Option
+		want      string
+	}{
+		{"direct", direct, nil, "force_generic_plan"},
+		{"direct, the DSN's", withDSNParam(direct, "plan_cache_mode", "force_custom_plan"), nil, "force_custom_plan"},
+		{"session pooling", session, nil, "force_generic_plan"},
+		{"transaction pooling", transaction, []Option{WithTransactionPooling(), WithListenDSN(direct)}, "auto"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.dsn == "" {
+				bouncerDSNs(t) // skips, or fails under CI
+			}
+			s := openBouncer(t, c.dsn, append(c.opts, WithTablePrefix(testPrefix(t)))...)
+			var mode string
+			if err := s.pool.QueryRow(testCtx(t, 10*time.Second), "SHOW plan_cache_mode").Scan(&mode); err != nil {
+				t.Fatal(err)
+			}
+			if mode != c.want {
+				t.Fatalf("plan_cache_mode %s, want %s", mode, c.want)
+			}
+		})
+	}
+}
