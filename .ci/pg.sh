@@ -147,8 +147,10 @@ crash)
   # SIGKILL the postmaster and all its children at once: no shutdown
   # checkpoint, no flush; the next start runs crash recovery from the WAL.
   pm=\$(head -n 1 "\$data/postmaster.pid" 2>/dev/null) || { echo "ctl: no postmaster.pid" >&2; exit 1; }
-  kids=\$(ps -o pid= --ppid "\$pm")
-  kill -KILL "\$pm" \$kids || exit 1
+  # Its children, from /proc (no procps needed): "pid (comm) state ppid ...".
+  kids=\$(awk -v pm="\$pm" '\$4 == pm {print \$1}' /proc/[0-9]*/stat 2>/dev/null)
+  # A child that ended meanwhile is no error; the loop below checks.
+  kill -KILL "\$pm" \$kids 2>/dev/null
   for i in \$(seq 1 200); do
     alive=
     for p in \$pm \$kids; do
