@@ -53,8 +53,10 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 	})
 	t.Run("HubsOnTwoNodes", func(t *testing.T) {
 		prefix := testPrefix(t)
+		// A pool's DSN is accepted for the listener too (pool_max_conns is
+		// not a server parameter).
 		hubsOnTwoNodes(t, func() *Store {
-			return openBouncer(t, transaction, WithTablePrefix(prefix), WithTransactionPooling(), WithListenDSN(direct))
+			return openBouncer(t, transaction, WithTablePrefix(prefix), WithTransactionPooling(), WithListenDSN(withPoolSize(direct, 2)))
 		})
 	})
 	t.Run("Conformance", func(t *testing.T) {

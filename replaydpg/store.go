@@ -161,9 +161,12 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	}
 	listenCfg := pcfg.ConnConfig.Copy()
 	if cfg.listenDSN != "" {
-		if listenCfg, err = pgx.ParseConfig(cfg.listenDSN); err != nil {
+		// Parsed as a pool's DSN, so that one may be given for the other.
+		lcfg, err := pgxpool.ParseConfig(cfg.listenDSN)
+		if err != nil {
 			return nil, fmt.Errorf("replaydpg: open: listen DSN: %w", err)
 		}
+		listenCfg = lcfg.ConnConfig
 	}
 	if cfg.txPooling {
 		if !dsnSets(dsn, "default_query_exec_mode") {
