@@ -123,7 +123,7 @@ func run(ctx context.Context, dsn string, w io.Writer) (res result, err error) {
 			break
 		}
 		fmt.Fprintf(w, "client drops at id %d; %d events are published on both nodes while it is away\n", c.cursor, awayCount)
-		if err := pub.waitFor(ctx, pub.count()+awayCount); err != nil {
+		if err := pub.waitAbove(ctx, c.cursor, awayCount); err != nil {
 			return res, err
 		}
 	}
@@ -263,25 +263,27 @@ func (p *publisher) stop() {
 	p.wg.Wait()
 }
 
-func (p *publisher) count() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.done)
-}
-
 func (p *publisher) seqs() []int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]int64(nil), p.done...)
 }
 
-// waitFor waits until n events have been published.
-func (p *publisher) waitFor(ctx context.Context, n int) error {
+// waitAbove waits until n events above sequence after have been published.
+// It counts sequences, not publishes: a client may read an event before
+// the Publish that wrote it has returned.
+func (p *publisher) waitAbove(ctx context.Context, after int64, n int) error {
 	timeout := time.NewTimer(10 * time.Second)
 	defer timeout.Stop()
 	for {
 		p.mu.Lock()
-		done, err := len(p.done), p.err
+		done := 0
+		for _, seq := range p.done {
+			if seq > after {
+				done++
+			}
+		}
+		err := p.err
 		p.mu.Unlock()
 		if err != nil {
 			return err
