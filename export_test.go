@@ -4,7 +4,7 @@ package replayd
 // test files are not part of the package.
 
 // ChaosSeedFlag and ChaosDurationFlag are -chaos.seed and -chaos.duration,
-// for TestChaos (chaos_test.go).
+// for TestChaos (chaos_sqlite_test.go).
 var ChaosSeedFlag, ChaosDurationFlag = chaosSeedFlag, chaosDurationFlag
 
 // Resync ends every open stream of h from inside the hub, as the hub does

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // The gap reasons of SPEC §4.4 (PROTOCOL.md, "gap").
@@ -25,17 +26,6 @@ const (
 	reasonUnknownCursor = "unknown_cursor"
 	reasonInvalidCursor = "invalid_cursor"
 )
-
-// gapData is a gap's data, with nulls kept as nil: all six keys of
-// PROTOCOL.md.
-type gapData struct {
-	Reason        string `json:"reason"`
-	ResumedFrom   *int64 `json:"resumedFrom"`
-	MissedFrom    *int64 `json:"missedFrom"`
-	MissedThrough *int64 `json:"missedThrough"`
-	Missed        *int64 `json:"missed"`
-	ReplayLimit   int    `json:"replayLimit"`
-}
 
 // parseCursor parses a cursor as SPEC §4.4 does: ASCII digits only, within
 // int64.
@@ -106,7 +96,7 @@ func (e *env) readLog() (rows []replayd.Event, mark int64, err error) {
 	}
 	rec := httptest.NewRecorder()
 	h.PollHandler().ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodGet, "/poll?cursor=0&limit=1", nil))
-	var ans struct{ Gap *gapData }
+	var ans struct{ Gap *wiretest.Gap }
 	if err := json.Unmarshal(rec.Body.Bytes(), &ans); err != nil || rec.Code != http.StatusOK {
 		return nil, 0, fmt.Errorf("poll from cursor 0: status %d, %q: %v", rec.Code, rec.Body, err)
 	}
@@ -327,12 +317,13 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 	if c.sent != "" {
 		sent, valid = parseCursor(c.sent)
 	}
-	var g *gapData
+	var g *wiretest.Gap
 	if len(fs) > 0 && fs[0].kind == 'g' {
-		g = new(gapData)
-		if err := parseGap(fs[0].data, g); err != nil {
+		parsed, err := wiretest.ParseGap(fs[0].data)
+		if err != nil {
 			return st, err
 		}
+		g = &parsed
 		st.gap = g.Reason
 		fs = fs[1:]
 		if g.ReplayLimit != limit {
@@ -444,23 +435,7 @@ func (h *holeError) Error() string {
 	return fmt.Sprintf("silent hole: event %d is visible, between delivered %d and %d, and in no gap", h.seq, h.prev, h.next)
 }
 
-func parseGap(data string, g *gapData) error {
-	var keys map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(data), &keys); err != nil {
-		return fmt.Errorf("gap data %q: %v", data, err)
-	}
-	for _, k := range []string{"reason", "resumedFrom", "missedFrom", "missedThrough", "missed", "replayLimit"} {
-		if _, ok := keys[k]; !ok {
-			return fmt.Errorf("gap %s lacks key %q", data, k)
-		}
-	}
-	if len(keys) != 6 {
-		return fmt.Errorf("gap %s has %d keys, want 6", data, len(keys))
-	}
-	return json.Unmarshal([]byte(data), g)
-}
-
-func gapString(g *gapData) string {
+func gapString(g *wiretest.Gap) string {
 	b, _ := json.Marshal(g)
 	return string(b)
 }
@@ -499,12 +474,6 @@ func (e *env) trace(v *view, c *sseConn, err error) string {
 		}
 	}
 	fmt.Fprintf(&b, "  %d frames in all\n", len(c.frames))
-	e.timeline.mu.Lock()
-	for _, m := range e.timeline.entries {
-		if m.at >= c.start-200*time.Millisecond && m.at <= c.stop {
-			fmt.Fprintf(&b, "  at %v: %s\n", m.at.Round(time.Millisecond), m.what)
-		}
-	}
-	e.timeline.mu.Unlock()
+	e.timeline.write(&b, c.start, c.stop)
 	return b.String()
 }

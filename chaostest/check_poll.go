@@ -210,13 +210,6 @@ func (e *env) tracePoll(v *view, s *pollSession, i int, err error) string {
 			j, p.start.Round(time.Millisecond), p.stop.Round(time.Millisecond), p.sent, p.limit, p.wait, p.status,
 			p.ans.Cursor, p.ans.Head, p.ans.More, p.gapData, len(p.ans.Events), ids)
 	}
-	p := s.polls[i]
-	e.timeline.mu.Lock()
-	for _, m := range e.timeline.entries {
-		if m.at >= p.start-200*time.Millisecond && m.at <= p.stop {
-			fmt.Fprintf(&b, "  at %v: %s\n", m.at.Round(time.Millisecond), m.what)
-		}
-	}
-	e.timeline.mu.Unlock()
+	e.timeline.write(&b, s.polls[i].start, s.polls[i].stop)
 	return b.String()
 }

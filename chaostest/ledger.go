@@ -3,7 +3,9 @@ package chaostest
 // The ledger of what was published, and the timeline of what else happened.
 
 import (
+	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -75,6 +77,17 @@ type timeline struct {
 type moment struct {
 	at   time.Duration
 	what string
+}
+
+// write writes the moments from shortly before start through stop to b.
+func (tl *timeline) write(b *strings.Builder, start, stop time.Duration) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	for _, m := range tl.entries {
+		if m.at >= start-200*time.Millisecond && m.at <= stop {
+			fmt.Fprintf(b, "  at %v: %s\n", m.at.Round(time.Millisecond), m.what)
+		}
+	}
 }
 
 func (tl *timeline) add(e *env, what string) {

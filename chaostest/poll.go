@@ -7,11 +7,12 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Poll clients (SPEC §11): next to the SSE clients, clients that poll
@@ -61,7 +62,7 @@ type poll struct {
 	retryAfter  string
 	err         string // a malformed answer
 	ans         pollAnswer
-	gap         *gapData
+	gap         *wiretest.Gap
 	gapData     string
 	start, stop time.Duration
 }
@@ -233,14 +234,7 @@ func (e *env) pollOnce(s *pollSession, cursor string, limit int, wait time.Durat
 	if wait > 0 {
 		e.polls.longPolls.Add(1)
 	}
-	base := e.urlA
-	if s.hub == "B" {
-		base = e.urlB
-	}
-	q := url.Values{}
-	for _, t := range s.topics {
-		q.Add("topic", t)
-	}
+	q := scopeQuery(s.topics)
 	if cursor != "" {
 		q.Set("cursor", cursor)
 	}
@@ -250,7 +244,7 @@ func (e *env) pollOnce(s *pollSession, cursor string, limit int, wait time.Durat
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait+waitFor)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/poll?"+q.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.url(s.hub, "/poll", q), nil)
 	if err != nil {
 		p.err = err.Error()
 		return p
@@ -318,10 +312,11 @@ func (p *poll) parse(body []byte) error {
 		return fmt.Errorf("topics is %s, want a list", keys["topics"])
 	}
 	if g := string(keys["gap"]); g != "null" {
-		p.gap, p.gapData = new(gapData), g
-		if err := parseGap(g, p.gap); err != nil {
+		parsed, err := wiretest.ParseGap(g)
+		if err != nil {
 			return err
 		}
+		p.gap, p.gapData = &parsed, g
 	}
 	var events []map[string]json.RawMessage
 	if err := json.Unmarshal(keys["events"], &events); err != nil || events == nil {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -16,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/replayd/replayd/internal/sseparse"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // sseConn is one SSE connection and every frame it received.
@@ -42,36 +41,6 @@ type frame struct {
 	seq  int64
 	hash uint64
 	data string // hello, gap and unexpected frames
-}
-
-// wireFrame is one frame as it came off the wire.
-type wireFrame struct {
-	ID    string
-	HasID bool
-	Event string // "" means "message", as in an EventSource
-	Data  string
-	Retry string
-}
-
-// readFrames parses an SSE stream into frames until it ends, with the
-// shared parser. Comments are skipped; a frame is dispatched at a blank
-// line; a field replayd never writes is an error.
-func readFrames(r io.Reader, out chan<- wireFrame) error {
-	sr := sseparse.NewReaderSize(r, 64<<10)
-	sr.Field = func(name, value []byte) error {
-		switch string(name) {
-		case "id", "event", "data", "retry":
-			return nil
-		}
-		return fmt.Errorf("unknown SSE field %q with value %q", name, value)
-	}
-	for {
-		f, err := sr.Next()
-		if err != nil {
-			return err
-		}
-		out <- wireFrame{ID: string(f.ID), HasID: f.HasID, Event: string(f.Event), Data: string(f.Data), Retry: string(f.Retry)}
-	}
 }
 
 // clientResult is one SSE client's connections, in order.
@@ -236,21 +205,11 @@ func (e *env) run(c *sseConn, lastID string, life time.Duration, closeAfter, pau
 			e.stats.overloaded.Add(1)
 		}
 	}()
-	base := e.urlA
-	if c.hub == "B" {
-		base = e.urlB
-	}
-	q := url.Values{}
-	for _, t := range c.topics {
-		q.Add("topic", t)
-	}
+	q := scopeQuery(c.topics)
 	if c.sent != "" && c.via == "query" {
 		q.Set("lastEventId", c.sent)
 	}
-	u := base + "/events"
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
+	u := e.url(c.hub, "/events", q)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
@@ -287,10 +246,10 @@ func (e *env) run(c *sseConn, lastID string, life time.Duration, closeAfter, pau
 		return false
 	}
 
-	frames := make(chan wireFrame, 4)
+	frames := make(chan wiretest.Frame, 4)
 	parsed := make(chan error, 1)
 	go func() {
-		parsed <- readFrames(resp.Body, frames)
+		parsed <- wiretest.ReadFrames(resp.Body, frames)
 		close(frames)
 	}()
 	closeConn := func(why string) {
@@ -359,7 +318,7 @@ func (e *env) run(c *sseConn, lastID string, life time.Duration, closeAfter, pau
 }
 
 // add records a frame.
-func (c *sseConn) add(f wireFrame) {
+func (c *sseConn) add(f wiretest.Frame) {
 	switch {
 	case f.Event == "heartbeat" && !f.HasID:
 		c.heartbeats++
@@ -398,11 +357,35 @@ func (f frame) passes(fence int64) bool {
 	case 'e', 'h':
 		return f.seq >= fence
 	case 'g':
-		var g gapData
+		var g wiretest.Gap
 		return json.Unmarshal([]byte(f.data), &g) == nil && g.MissedThrough != nil && *g.MissedThrough >= fence
 	}
 	return false
 }
+
+// scopeQuery is the query of a request for scope.
+func scopeQuery(scope []string) url.Values {
+	q := url.Values{}
+	for _, t := range scope {
+		q.Add("topic", t)
+	}
+	return q
+}
+
+// url is the URL of path on hub ("A" or "B") with query q.
+func (e *env) url(hub, path string, q url.Values) string {
+	u := e.urlA + path
+	if hub == "B" {
+		u = e.urlB + path
+	}
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	return u
+}
+
+// drawScope draws a connection's scope: global a third of the time, else
+// 1 to 4 distinct topics in random order.
 func drawScope(rng *rand.Rand) []string {
 	if rng.IntN(3) == 0 {
 		return nil
