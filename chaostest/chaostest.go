@@ -28,7 +28,8 @@
 // set of scopes and a small MaxConnections) and hub B (another hub on the
 // same log, as another process or node, tailing, restarted now and then)
 // serve SSE and poll clients over real HTTP on listeners with small send
-// buffers. A storm phase opens storms of handshakes from cursor 0 while a
+// buffers, each hub serving its streams detached (DetachConnections) or
+// through net/http as the seed decides. A storm phase opens storms of handshakes from cursor 0 while a
 // large log is published; then, for Config.Duration, publishers (topics,
 // broadcasts, multi-line payloads, retried event ids, some through hub B),
 // two pruners, restarts of hub B, server-side kills of hub A's connections,
@@ -206,8 +207,9 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 			MaxBufferedBytes:  48 << 10, // slow readers get disconnected here
 			// About 60% of 28 clients use hub A: a cap of 12 to 17 bites
 			// now and then, and more while the clients wait for the fence.
-			MaxConnections: 12 + rng.IntN(6),
-			OverloadRetry:  e.overloadRetry,
+			MaxConnections:    12 + rng.IntN(6),
+			OverloadRetry:     e.overloadRetry,
+			DetachConnections: rng.IntN(2) == 0,
 		},
 		Authorize: func(r *http.Request, topics []string) error {
 			if len(topics) == 0 && e.denied[""] {
@@ -225,10 +227,12 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 		ReplayLimit:       []int{-1, 25, 300}[rng.IntN(3)],
 		HeartbeatInterval: 100 * time.Millisecond,
 		MaxBufferedBytes:  256 << 10,
+		DetachConnections: rng.IntN(2) == 0,
 	}}
 	e.limitA, e.limitB = max(e.optsA.SSE.ReplayLimit, 0), max(e.optsB.SSE.ReplayLimit, 0)
-	t.Logf("duration %v; hub A replay limit %d, max connections %d, denied scopes %v; hub B replay limit %d, tail every %v to %v",
-		duration, e.limitA, e.optsA.SSE.MaxConnections, e.denied, e.limitB, cfg.TailMin, cfg.TailMax)
+	t.Logf("duration %v; hub A replay limit %d, max connections %d, denied scopes %v, detached %v; hub B replay limit %d, detached %v, tail every %v to %v",
+		duration, e.limitA, e.optsA.SSE.MaxConnections, e.denied, e.optsA.SSE.DetachConnections,
+		e.limitB, e.optsB.SSE.DetachConnections, cfg.TailMin, cfg.TailMax)
 
 	hubA, closeA, err := e.open(e.optsA)
 	if err != nil {

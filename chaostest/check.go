@@ -177,7 +177,7 @@ func (e *env) check(results []clientResult, subA, subB *subscriber, elapsed time
 	}
 
 	// Every connection.
-	var conns, frames, events, replayed int
+	var conns, frames, events, replayed, detached int
 	gaps := map[string]int{}
 	modes := map[string]int{}
 	ends := map[string]int{}
@@ -207,6 +207,9 @@ func (e *env) check(results []clientResult, subA, subB *subscriber, elapsed time
 			st, err := e.checkConn(v, c, head)
 			events += st.events
 			replayed += st.replayed
+			if st.detached {
+				detached++
+			}
 			if st.gap != "" {
 				gaps[st.gap]++
 			}
@@ -230,8 +233,8 @@ func (e *env) check(results []clientResult, subA, subB *subscriber, elapsed time
 		e.stats.retriesSame.Load(), e.stats.retriesNew.Load(), len(rows), v.mark)
 	t.Logf("%d prune calls deleted %d rows; hub B restarted %d times; hub A disconnected all streams %d times, its listener closed all connections %d times",
 		e.stats.pruneCalls.Load(), e.stats.pruned.Load(), e.stats.restarts.Load(), e.stats.resyncs.Load(), e.stats.kills.Load())
-	t.Logf("checked %d connections (%d frames, %d events of which %d replayed): modes %v; gaps %v; ends %v; %d more dropped before any response",
-		conns, frames, events, replayed, modes, gaps, ends, e.stats.dropped.Load())
+	t.Logf("checked %d connections (%d frames, %d events of which %d replayed; %d streams served detached): modes %v; gaps %v; ends %v; %d more dropped before any response",
+		conns, frames, events, replayed, detached, modes, gaps, ends, e.stats.dropped.Load())
 	t.Logf("hub A refused %d requests by Authorize and %d by MaxConnections; %d connections retried after the overload answer were served",
 		e.stats.forbidden.Load(), e.stats.overloaded.Load(), e.stats.servedAfterOverload.Load())
 	if len(violations) > 0 {
@@ -241,6 +244,7 @@ func (e *env) check(results []clientResult, subA, subB *subscriber, elapsed time
 
 type connStats struct {
 	events, replayed int
+	detached         bool // admitted, and served detached
 	gap              string
 }
 
@@ -287,6 +291,17 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 	if fs[0].kind != 'h' {
 		return st, fmt.Errorf("first frame is not hello: %q", fs[0].data)
 	}
+	// An admitted stream of a hub with DetachConnections runs on the
+	// connection itself, delimited by its end; of another, through
+	// net/http, chunked.
+	detach := e.optsA.SSE.DetachConnections
+	if c.hub == "B" {
+		detach = e.optsB.SSE.DetachConnections
+	}
+	if c.chunked == detach {
+		return st, fmt.Errorf("stream chunked %v on a hub with DetachConnections %v", c.chunked, detach)
+	}
+	st.detached = detach
 	var hello struct {
 		Topic  *string   `json:"topic"`
 		Topics *[]string `json:"topics"`

@@ -29,6 +29,7 @@ type sseConn struct {
 	behaviour   string
 	status      int
 	overloaded  bool // refused by hub A's MaxConnections: only a retry, then the end
+	chunked     bool // the response was chunked: served through net/http, not detached
 	frames      []frame
 	heartbeats  int
 	end         string
@@ -232,6 +233,7 @@ func (e *env) run(c *sseConn, lastID string, life time.Duration, closeAfter, pau
 		return false
 	}
 	c.status = resp.StatusCode
+	c.chunked = slices.Contains(resp.TransferEncoding, "chunked")
 	if resp.StatusCode == http.StatusForbidden && c.hub == "A" && e.deniedScope(c.topics) {
 		resp.Body.Close()
 		c.end = "refused by Authorize"
