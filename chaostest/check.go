@@ -120,7 +120,7 @@ func (e *env) check(results []clientResult, subA, subB *subscriber, elapsed time
 	slices.Sort(v.seqs)
 	fence := e.fence.Load()
 
-	// The database: every row is a ledger event, intact; every ledger
+	// The log: every row is a ledger event, intact; every ledger
 	// event missing from it was pruned; the head is the newest sequence.
 	rows, mark, err := e.readLog()
 	if err != nil {
