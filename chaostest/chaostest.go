@@ -5,9 +5,9 @@
 //
 //	func TestChaos(t *testing.T) {
 //		chaostest.Run(t, func(t *testing.T) chaostest.Open {
-//			log := newEmptyLog(t)                   // a fresh, empty log
+//			log := newEmptyLog(t) // a fresh, empty log
 //			return func(opts replayd.Options) (*replayd.EventHub, func(), error) {
-//				s, err := open(log)             // each call: its own store or pool
+//				s, err := open(log) // each call: its own store or pool
 //				if err != nil {
 //					return nil, nil, err
 //				}
