@@ -123,7 +123,7 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 		if finishing {
 			life, closeAfter, pauseAfter = 0, 0, 0
 		}
-		reached := e.run(c, lastID, life, closeAfter, pauseAfter, pause)
+		reached := e.run(c, life, closeAfter, pauseAfter, pause)
 		res.conns = append(res.conns, c)
 		for c.overloaded && !reached {
 			// Refused by the overload answer: an EventSource comes back
@@ -140,7 +140,7 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 				life, closeAfter, pauseAfter = 0, 0, 0
 			default:
 			}
-			reached = e.run(c, lastID, life, closeAfter, pauseAfter, pause)
+			reached = e.run(c, life, closeAfter, pauseAfter, pause)
 			res.conns = append(res.conns, c)
 			if !c.overloaded && c.status == http.StatusOK {
 				e.stats.servedAfterOverload.Add(1)
@@ -194,7 +194,7 @@ func (e *env) overloadWait(c *sseConn) bool {
 
 // run makes one connection and reads it until it is done; it reports
 // whether the connection reached the fence.
-func (e *env) run(c *sseConn, lastID string, life time.Duration, closeAfter, pauseAfter int, pause time.Duration) (reached bool) {
+func (e *env) run(c *sseConn, life time.Duration, closeAfter, pauseAfter int, pause time.Duration) (reached bool) {
 	c.start = time.Since(e.start)
 	defer func() {
 		c.stop = time.Since(e.start)
@@ -431,7 +431,7 @@ func (e *env) stormer(rng *rand.Rand, stop <-chan struct{}) []*sseConn {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				e.run(c, "", life, 0, 0, 0)
+				e.run(c, life, 0, 0, 0)
 			}()
 		}
 		wg.Wait()
