@@ -202,6 +202,9 @@
 //     and is not checked.
 //   - [EventHub.Replay] and the EventLog reads treat limit <= 0 as 100; a
 //     negative SSEOptions.ReplayLimit replays nothing (gaps report 0).
+//   - [EventHub.Prune] on a closed hub deletes nothing and returns
+//     ErrClosed, like Publish; a prune that Close overtakes and whose store
+//     then fails (closed by its owner after the hub) returns ErrClosed too.
 //   - SSEOptions.Retry is sent as a retry field in the hello's block
 //     ("retry: 2000\nid: 7\nevent: hello\ndata: …"), not as a block of its
 //     own: r3labs/sse and tmaxmax/go-sse hand a block holding only retry to

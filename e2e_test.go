@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // End-to-end tests of the SSE endpoint over real HTTP and real SQLite files.
@@ -781,7 +783,7 @@ func TestSSEOverHTTP2(t *testing.T) {
 	}
 	frames := make(chan frame, 16)
 	done := make(chan error, 1)
-	go func() { done <- parseFrames(resp.Body, frames) }()
+	go func() { done <- wiretest.ReadFrames(resp.Body, frames) }()
 	next := func() frame {
 		t.Helper()
 		select {

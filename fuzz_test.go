@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/replayd/replayd/internal/sseparse"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Fuzz targets for the three parsers and encoders that face untrusted or
@@ -166,11 +167,11 @@ func FuzzFrameEncoding(f *testing.F) {
 			t.Fatalf("%d data lines, want %d", fields["data"], lines)
 		}
 
-		// The tests' frame reader (helpers_test.go), strict about field names,
+		// The tests' frame reader (internal/wiretest), strict about field names,
 		// agrees.
 		out := make(chan frame, 4)
-		if err := parseFrames(bytes.NewReader(b), out); !errors.Is(err, io.EOF) {
-			t.Fatalf("parseFrames: %v", err)
+		if err := wiretest.ReadFrames(bytes.NewReader(b), out); !errors.Is(err, io.EOF) {
+			t.Fatalf("wiretest.ReadFrames: %v", err)
 		}
 		close(out)
 		var fs []frame
@@ -178,7 +179,7 @@ func FuzzFrameEncoding(f *testing.F) {
 			fs = append(fs, f)
 		}
 		if len(fs) != 3 || fs[1].ID != got[0].id || fs[1].Event != typ || fs[1].Data != wantData {
-			t.Fatalf("parseFrames disagrees: %+v", fs)
+			t.Fatalf("wiretest.ReadFrames disagrees: %+v", fs)
 		}
 	})
 }

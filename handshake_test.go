@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // A storm of slow handshakes must queue handshakes only: a publish that
@@ -51,7 +53,7 @@ func TestHandshakeStormDoesNotStallPublish(t *testing.T) {
 			}
 			defer resp.Body.Close()
 			frames := make(chan frame, 64)
-			go parseFrames(resp.Body, frames)
+			go wiretest.ReadFrames(resp.Body, frames)
 			select {
 			case f := <-frames:
 				hellos <- f.Event == "hello"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replayd/replayd/internal/sseparse"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Shared test helpers: a hub on a real SQLite file, a real HTTP server, and
@@ -79,24 +79,12 @@ func mustPublish(t testing.TB, h *EventHub, topic string, payload any, opts ...P
 	return ev
 }
 
-// frame is one parsed SSE frame.
-type frame struct {
-	ID    string
-	HasID bool
-	Event string // "" means "message", as in an EventSource
-	Data  string
-	Retry string
-}
-
-// gapJSON is a gap frame's data, with nulls kept as nil.
-type gapJSON struct {
-	Reason        string `json:"reason"`
-	ResumedFrom   *int64 `json:"resumedFrom"`
-	MissedFrom    *int64 `json:"missedFrom"`
-	MissedThrough *int64 `json:"missedThrough"`
-	Missed        *int64 `json:"missed"`
-	ReplayLimit   int    `json:"replayLimit"`
-}
+// frame is one parsed SSE frame; gapJSON a gap frame's data, with nulls
+// kept as nil (internal/wiretest reads both).
+type (
+	frame   = wiretest.Frame
+	gapJSON = wiretest.Gap
+)
 
 // sseClient reads frames from one SSE response.
 type sseClient struct {
@@ -152,7 +140,7 @@ func dialClientStatus(t testing.TB, client *http.Client, url string, header http
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.errc <- parseFrames(resp.Body, c.frames)
+		c.errc <- wiretest.ReadFrames(resp.Body, c.frames)
 	}()
 	t.Cleanup(func() {
 		c.Close()
@@ -165,27 +153,6 @@ func dialClientStatus(t testing.TB, client *http.Client, url string, header http
 func (c *sseClient) Close() {
 	c.cancel()
 	c.resp.Body.Close()
-}
-
-// parseFrames parses an SSE stream into frames until it ends, with the
-// shared parser (internal/sseparse). Comments are skipped; a frame is
-// dispatched at a blank line; a field replayd never writes is an error.
-func parseFrames(r io.Reader, out chan<- frame) error {
-	sr := sseparse.NewReaderSize(r, 64<<10)
-	sr.Field = func(name, value []byte) error {
-		switch string(name) {
-		case "id", "event", "data", "retry":
-			return nil
-		}
-		return fmt.Errorf("unknown SSE field %q with value %q", name, value)
-	}
-	for {
-		f, err := sr.Next()
-		if err != nil {
-			return err
-		}
-		out <- frame{ID: string(f.ID), HasID: f.HasID, Event: string(f.Event), Data: string(f.Data), Retry: string(f.Retry)}
-	}
 }
 
 // next returns the next frame, failing the test if none comes in time or
@@ -267,20 +234,8 @@ func parseGap(t testing.TB, f frame) gapJSON {
 	if f.Event != "gap" || f.HasID {
 		t.Fatalf("want a gap frame without id, got %+v", f)
 	}
-	var keys map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(f.Data), &keys); err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range []string{"reason", "resumedFrom", "missedFrom", "missedThrough", "missed", "replayLimit"} {
-		if _, ok := keys[k]; !ok {
-			t.Fatalf("gap %s lacks key %q", f.Data, k)
-		}
-	}
-	if len(keys) != 6 {
-		t.Fatalf("gap %s has %d keys, want 6", f.Data, len(keys))
-	}
-	var g gapJSON
-	if err := json.Unmarshal([]byte(f.Data), &g); err != nil {
+	g, err := wiretest.ParseGap(f.Data)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return g

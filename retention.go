@@ -18,11 +18,21 @@ type RetentionPolicy struct {
 // of at most 1,000 rows, each its own short transaction, so publishers are
 // never stalled for long, and records each topic's prune watermark in the
 // same transaction as its delete, so a client that reconnects below it gets
-// a "pruned" gap. It returns how many rows it deleted.
+// a "pruned" gap. It returns how many rows it deleted. On a closed hub it
+// deletes nothing and returns ErrClosed; a prune that Close overtakes and
+// whose store then fails returns ErrClosed too.
 func (h *EventHub) Prune(ctx context.Context, policy RetentionPolicy) (deleted int64, err error) {
+	if h.isClosed() {
+		return 0, ErrClosed
+	}
 	deleted, err = h.store.s.Prune(ctx, policy)
 	h.metrics.pruned(deleted)
-	if err != nil {
+	switch {
+	case err != nil && h.isClosed():
+		// The store's owner closes it after the hub: its error says no more
+		// than that.
+		return deleted, fmt.Errorf("replayd: prune: %w: %w", ErrClosed, err)
+	case err != nil:
 		return deleted, fmt.Errorf("replayd: prune: %w", err)
 	}
 	return deleted, nil

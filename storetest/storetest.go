@@ -19,6 +19,9 @@
 // check what holds between stores. Closing the stores (and the log) is the
 // factory's business, with t.Cleanup.
 //
+// The package chaostest is the other kit: given a factory of hubs on one
+// log, it runs the chaos run and its SPEC §1 oracle over the store.
+//
 // Some subtests wait for the clock to move on (created_at and MaxAge have
 // millisecond precision): tens to hundreds of milliseconds each, bounded.
 package storetest

@@ -1,0 +1,42 @@
+package replayd_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/chaostest"
+)
+
+// TestChaos checks SPEC §1 under disorder on SQLite (see the package
+// chaostest): every hub is another process's, on its own pool of one
+// database file. Every random choice comes from -chaos.seed, so a failing
+// seed replays the same decisions:
+//
+//	go test -run '^TestChaos$' -chaos.seed=42 -chaos.duration=5m .
+func TestChaos(t *testing.T) {
+	chaostest.Run(t, func(t *testing.T) chaostest.Open {
+		path := filepath.Join(t.TempDir(), "events.db")
+		return func(opts replayd.Options) (*replayd.EventHub, func(), error) {
+			db, err := replayd.OpenDB(path)
+			if err != nil {
+				return nil, nil, err
+			}
+			h, err := replayd.New(db, opts)
+			if err != nil {
+				db.Close()
+				return nil, nil, err
+			}
+			return h, func() {
+				if err := h.Close(); err != nil {
+					t.Errorf("close a hub: %v", err)
+				}
+				db.Close()
+			}, nil
+		}
+	}, chaostest.Config{
+		Seed:       *replayd.ChaosSeedFlag,
+		Duration:   *replayd.ChaosDurationFlag,
+		Disconnect: replayd.Resync,
+	})
+}

@@ -1,0 +1,417 @@
+// Package chaostest checks SPEC §1 ("contiguity or an explicit gap, never
+// a silent hole") under disorder, against any store: a backend's test hands
+// Run a factory of hubs on one shared log, and the same chaos run and
+// oracle check SQLite and PostgreSQL alike. A backend's test runs
+//
+//	func TestChaos(t *testing.T) {
+//		chaostest.Run(t, func(t *testing.T) chaostest.Open {
+//			log := newEmptyLog(t) // a fresh, empty log
+//			return func(opts replayd.Options) (*replayd.EventHub, func(), error) {
+//				s, err := open(log) // each call: its own store or pool
+//				if err != nil {
+//					return nil, nil, err
+//				}
+//				h, err := replayd.NewWithStore(s, opts)
+//				if err != nil {
+//					s.Close()
+//					return nil, nil, err
+//				}
+//				return h, func() { h.Close(); s.Close() }, nil
+//			}
+//		}, chaostest.Config{})
+//	}
+//
+// next to storetest.Run, the deterministic contract tests of the store
+// alone.
+//
+// The run: hub A (the main writer, with an Authorize that denies a random
+// set of scopes and a small MaxConnections) and hub B (another hub on the
+// same log, as another process or node, tailing, restarted now and then)
+// serve SSE and poll clients over real HTTP on listeners with small send
+// buffers, each hub serving its streams detached (DetachConnections) or
+// through net/http as the seed decides. A storm phase opens storms of handshakes from cursor 0 while a
+// large log is published; then, for Config.Duration, publishers (topics,
+// broadcasts, multi-line payloads, retried event ids, some through hub B),
+// two pruners, restarts of hub B, server-side kills of hub A's connections,
+// 28 SSE clients (fresh, resumed, stale, future and invalid cursors, by
+// header or query; dropping, or stalling until MaxBufferedBytes cuts them
+// off) and 8 poll clients run at once. A fence event ends it: every client
+// must reach it. Then the oracle checks every frame of every connection and
+// every poll answer against a ledger of what Publish returned, cross-checked
+// with the log: handshake shape, strictly increasing real ids with exact
+// type, topic and data, every visible event above the cursor delivered or
+// inside the gap's range, honest pruned gaps, replay within the limit, no
+// denied scope served, overload answers in range; and each hub's in-process
+// subscriber saw every unpruned event in order.
+//
+// Every random choice comes from Config.Seed, so a failing seed replays the
+// same decisions (the interleaving is the scheduler's). The seed is logged;
+// a failure prints it, with a trace of the violating connection.
+//
+// Run opens several hubs on the log at once and tens of HTTP connections;
+// it takes Config.Duration plus the storm phase and the finish (seconds).
+package chaostest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/replayd/replayd"
+)
+
+// Open opens a hub with opts on the run's log, on a store (or connection
+// pool) of its own, as another process or node would. It may add to opts
+// (DetachConnections, say) but must keep what is set. close closes the
+// hub and then whatever Open made for it; the run calls it exactly once
+// per hub, when it restarts that hub or when the test ends. Open is called
+// from several goroutines: it must not call t.Fatal, it returns an error.
+type Open func(opts replayd.Options) (h *replayd.EventHub, close func(), err error)
+
+// Config tunes a run. The zero value is a full run.
+type Config struct {
+	// Seed drives every random choice; 0 takes one from the clock. The
+	// tests of replayd and replaydpg take it from -chaos.seed.
+	Seed uint64
+	// Duration is how long the chaos phase runs: 0 means 20 s, 2 s with
+	// -short. The tests of replayd and replaydpg take it from
+	// -chaos.duration.
+	Duration time.Duration
+	// TailMin and TailMax bound the interval each hub B polls the log at
+	// (StartTail's interval, drawn per hub; its MaxInterval is five times
+	// that): at times slower than an aggressive prune, so that rows a hub
+	// has not read yet are deleted under it. 0 means 2 ms and 61 ms.
+	TailMin, TailMax time.Duration
+	// Disconnect, if set, ends every SSE stream the hub serves, from inside
+	// the hub, as it does itself when it must resync its clients (replayd's
+	// own test passes the unexported resync). The run calls it on hub A
+	// now and then, and at other times closes every connection hub A's
+	// listener accepted; nil: only the latter.
+	Disconnect func(h *replayd.EventHub)
+}
+
+const (
+	numPublishers = 4
+	numClients    = 28
+	finishTime    = 40 * time.Second // bound on reaching the fence after the chaos phase
+	// publishTimeout bounds every Publish: one that hangs (on a hub
+	// closed under it, say) fails the test instead of hanging it.
+	publishTimeout = 30 * time.Second
+	// waitFor bounds every other wait.
+	waitFor = 10 * time.Second
+)
+
+var allTopics = []string{"t0", "t1", "t2", "t3", "t4"}
+
+// env is one run's shared state.
+type env struct {
+	t     *testing.T
+	cfg   Config
+	seed  uint64
+	start time.Time
+	open  Open
+
+	hubA         *replayd.EventHub
+	hubB         atomic.Pointer[replayd.EventHub] // replaced by restarts
+	closeB       func()                           // closes the current hub B; the restarter's
+	optsA, optsB replayd.Options
+	limitA       int // effective replay limits
+	limitB       int
+	urlA, urlB   string
+	connsA       *listener // hub A's server's connections, for server-side kills
+	httpc        *http.Client
+
+	ledger   ledger
+	timeline timeline
+
+	stop           chan struct{} // closed when the chaos phase ends
+	finish         chan struct{} // closed once the fence is published
+	finishDeadline chan struct{} // closed when clients must give up on the fence
+	fence          atomic.Int64
+
+	// Admission on hub A: Authorize refuses every scope that names a topic
+	// of denied ("" stands for the global scope), and MaxConnections is
+	// small enough to refuse some requests with the overload answer.
+	denied        map[string]bool
+	overloadRetry time.Duration
+
+	connSeq atomic.Int64
+	polls   pollState
+	stats   struct {
+		publishes, retries, retriesSame, retriesNew, publishB atomic.Int64
+		pruneCalls, pruned, restarts, resyncs, kills          atomic.Int64
+		badStatus, dropped                                    atomic.Int64
+		forbidden, overloaded, servedAfterOverload            atomic.Int64
+	}
+}
+
+// Run runs the chaos phase on the hubs newLog's Open makes, then checks
+// SPEC §1 for every connection and poll. newLog is called once and must
+// return an Open on a new, empty log; cleaning the log up is its business,
+// with t.Cleanup.
+func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (rerun with Config.Seed %d; -chaos.seed=%d in replayd's and replaydpg's tests)", seed, seed, seed)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("FAILED with seed %d: rerun with -run '^%s$' -chaos.seed=%d", seed, t.Name(), seed)
+		}
+	})
+	duration := cfg.Duration
+	if duration <= 0 {
+		duration = 20 * time.Second
+		if testing.Short() {
+			duration = 2 * time.Second
+		}
+	}
+	if cfg.TailMin <= 0 {
+		cfg.TailMin = 2 * time.Millisecond
+	}
+	if cfg.TailMax <= 0 {
+		cfg.TailMax = max(cfg.TailMin, 61*time.Millisecond)
+	}
+	rng := rand.New(rand.NewPCG(seed, 0))
+	e := &env{
+		t: t, cfg: cfg, seed: seed,
+		open:           newLog(t),
+		stop:           make(chan struct{}),
+		finish:         make(chan struct{}),
+		finishDeadline: make(chan struct{}),
+	}
+	e.ledger.bySeq = map[int64]entry{}
+	e.ledger.polled = map[int64]uint64{}
+	e.ledger.byID = map[string]int64{}
+	e.ledger.renewed = map[int64]struct{}{}
+
+	e.denied = map[string]bool{"": rng.IntN(4) == 0} // "": the global scope
+	for _, i := range rng.Perm(len(allTopics))[:1+rng.IntN(2)] {
+		e.denied[allTopics[i]] = true
+	}
+	e.overloadRetry = 50 * time.Millisecond
+	e.optsA = replayd.Options{
+		SSE: replayd.SSEOptions{
+			ReplayLimit:       []int{10, 40, 100}[rng.IntN(3)],
+			HeartbeatInterval: 250 * time.Millisecond,
+			Retry:             time.Second,
+			MaxBufferedBytes:  48 << 10, // slow readers get disconnected here
+			// About 60% of 28 clients use hub A: a cap of 12 to 17 bites
+			// now and then, and more while the clients wait for the fence.
+			MaxConnections:    12 + rng.IntN(6),
+			OverloadRetry:     e.overloadRetry,
+			DetachConnections: rng.IntN(2) == 0,
+		},
+		Authorize: func(r *http.Request, topics []string) error {
+			if len(topics) == 0 && e.denied[""] {
+				return errors.New("chaos: the global scope is denied")
+			}
+			for _, topic := range topics {
+				if e.denied[topic] {
+					return fmt.Errorf("chaos: topic %q is denied", topic)
+				}
+			}
+			return nil
+		},
+	}
+	e.optsB = replayd.Options{SSE: replayd.SSEOptions{
+		ReplayLimit:       []int{-1, 25, 300}[rng.IntN(3)],
+		HeartbeatInterval: 100 * time.Millisecond,
+		MaxBufferedBytes:  256 << 10,
+		DetachConnections: rng.IntN(2) == 0,
+	}}
+	e.limitA, e.limitB = max(e.optsA.SSE.ReplayLimit, 0), max(e.optsB.SSE.ReplayLimit, 0)
+	t.Logf("duration %v; hub A replay limit %d, max connections %d, denied scopes %v, detached %v; hub B replay limit %d, detached %v, tail every %v to %v",
+		duration, e.limitA, e.optsA.SSE.MaxConnections, e.denied, e.optsA.SSE.DetachConnections,
+		e.limitB, e.optsB.SSE.DetachConnections, cfg.TailMin, cfg.TailMax)
+
+	hubA, closeA, err := e.open(e.optsA)
+	if err != nil {
+		t.Fatalf("open hub A: %v", err)
+	}
+	t.Cleanup(closeA)
+	e.hubA = hubA
+	subA, err := subscribe(hubA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstB, closeB, subB, err := e.newHubB(rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.hubB.Store(firstB)
+	e.closeB = closeB
+
+	muxA := http.NewServeMux()
+	muxA.Handle("/events", e.hubA.Handler())
+	muxA.Handle("/poll", e.hubA.PollHandler())
+	e.urlA, e.connsA = serve(t, muxA)
+	e.urlB, _ = serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/poll" {
+			e.hubB.Load().PollHandler().ServeHTTP(w, r)
+			return
+		}
+		e.hubB.Load().Handler().ServeHTTP(w, r)
+	}))
+	transport := &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if tc, ok := c.(*net.TCPConn); ok {
+				tc.SetReadBuffer(16 << 10) // a reader that stops reading stalls the server soon
+			}
+			return c, err
+		},
+	}
+	t.Cleanup(transport.CloseIdleConnections)
+	e.httpc = &http.Client{Transport: transport}
+
+	e.start = time.Now()
+	// The storm phase: storms of handshakes from cursor 0 while a large log
+	// is being published (nothing is pruned yet, so every storm has the
+	// whole log above its cursor to count and replay).
+	prefill := 5_000
+	if testing.Short() {
+		prefill = 1_500
+	}
+	stormStop := make(chan struct{})
+	stormed := make(chan []*sseConn, 1)
+	go func() { stormed <- e.stormer(rand.New(rand.NewPCG(seed, 400)), stormStop) }()
+	e.prefill(prefill)
+	close(stormStop)
+	storms := <-stormed
+	t.Logf("storm phase: %d events published while %d connections stormed in from cursor 0, in %v",
+		prefill, len(storms), time.Since(e.start).Round(time.Millisecond))
+
+	var wg sync.WaitGroup // publishers, pruners, restarter
+	for p := range numPublishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.publisher(p, rand.New(rand.NewPCG(seed, uint64(100+p))))
+		}()
+	}
+	for p := range 2 { // two, so prunes also overlap each other
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.pruner(rand.New(rand.NewPCG(seed, uint64(200+p))))
+		}()
+	}
+	wg.Add(1)
+	var lastSubB *subscriber
+	go func() {
+		defer wg.Done()
+		lastSubB = e.restarter(rand.New(rand.NewPCG(seed, 300)), subB)
+	}()
+	var cwg sync.WaitGroup
+	results := make([]clientResult, numClients)
+	for c := range numClients {
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			results[c] = e.client(c, rand.New(rand.NewPCG(seed, uint64(1000+c))))
+		}()
+	}
+	e.startPollClients(seed, &cwg)
+
+	phase := time.NewTimer(duration)
+	<-phase.C
+	close(e.stop)
+	wg.Wait()
+	// Every publisher has returned: publish the fence, a broadcast every
+	// client must reach, and let the clients finish.
+	fence := e.publish(e.hubA, "", map[string]string{"fence": "end"}, replayd.WithType("fence"))
+	e.fence.Store(fence.Sequence)
+	close(e.finish)
+	finishTimer := time.AfterFunc(finishTime, func() { close(e.finishDeadline) })
+	cwg.Wait()
+	if !finishTimer.Stop() {
+		t.Errorf("clients did not all reach the fence within %v", finishTime)
+	}
+	waitSub(t, lastSubB, fence.Sequence)
+	waitSub(t, subA, fence.Sequence)
+	phaseEnd := time.Since(e.start)
+	// The storms' connections are checked like any other; they need not
+	// reach the fence.
+	results = append(results, clientResult{conns: storms, reachedFence: true})
+
+	e.check(results, subA, lastSubB, phaseEnd)
+}
+
+// newHubB opens another hub on the log, tailing. Its subscriber records its
+// live deliveries. closeHub is registered with t.Cleanup too, and runs once.
+func (e *env) newHubB(rng *rand.Rand) (h *replayd.EventHub, closeHub func(), sub *subscriber, err error) {
+	h, c, err := e.open(e.optsB)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("open hub B: %w", err)
+	}
+	closeHub = sync.OnceFunc(c)
+	e.t.Cleanup(closeHub)
+	if sub, err = subscribe(h); err != nil {
+		return nil, nil, nil, err
+	}
+	// Slow enough at times that an aggressive prune deletes rows it has not
+	// read yet.
+	interval := e.cfg.TailMin + time.Duration(rng.Int64N(int64(e.cfg.TailMax-e.cfg.TailMin)+1))
+	if _, err := h.StartTail(interval, replayd.TailOptions{MaxInterval: 5 * interval}); err != nil {
+		return nil, nil, nil, fmt.Errorf("hub B: start tail: %w", err)
+	}
+	return h, closeHub, sub, nil
+}
+
+// serve starts a real HTTP server whose accepted connections have a
+// small send buffer, so a client that stops reading backs frames up into
+// the hub's per-connection queue quickly.
+func serve(t *testing.T, h http.Handler) (string, *listener) {
+	srv := httptest.NewUnstartedServer(h)
+	l := &listener{Listener: srv.Listener}
+	srv.Listener = l
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL, l
+}
+
+// listener keeps every connection it accepted, so that all can be closed
+// under the server at once (a server-side kill): net/http forgets a
+// connection once a handler hijacks it.
+type listener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetWriteBuffer(16 << 10)
+	}
+	if err == nil {
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+// closeAll closes every connection accepted so far; it returns how many it
+// closed (some may have ended already).
+func (l *listener) closeAll() int {
+	l.mu.Lock()
+	conns := l.conns
+	l.conns = nil
+	l.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	return len(conns)
+}
