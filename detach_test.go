@@ -48,18 +48,12 @@ func TestSSEDetached(t *testing.T) {
 	}{
 		{"HandshakeRaceBeforeRead", TestSSEHandshakeRaceBeforeRead},
 		{"HandshakeRaceBeforeLive", TestSSEHandshakeRaceBeforeLive},
-		{"RetryInHelloBlock", TestSSERetryInHelloBlock},
-		{"LargestFrameFitsDefaultCap", TestSSELargestFrameFitsDefaultCap},
 		{"SlowConsumerCutIsLogged", TestSSESlowConsumerCutIsLogged},
 		{"StatsAndTracker", TestStatsAndTracker},
 		{"ConnectionCap", TestSSEConnectionCap},
 		{"Authorize", TestSSEAuthorize},
 		{"DeniedTopicNeverVisible", TestSSEDeniedTopicNeverVisible},
 		{"TopicQueryStrict", TestSSETopicQueryStrict},
-		{"ScopeHelloShape", TestScopeHelloShape},
-		{"ScopeUnionReplayExactCounts", TestScopeUnionReplayExactCounts},
-		{"ScopePrunedWatermarkOfOneTopic", TestScopePrunedWatermarkOfOneTopic},
-		{"ScopeOverlapDeliveredOnce", TestScopeOverlapDeliveredOnce},
 		{"ReplayPruneBetweenPagesEndsStream", TestReplayPruneBetweenPagesEndsStream},
 		{"CloseManyClientsMidReplay", TestCloseManyClientsMidReplay},
 		{"Load", TestLoad}, // skipped with -short, as on today's path

@@ -60,6 +60,12 @@ var servedDetached = map[string]bool{
 	"SSEConcurrentPublishAndConnect":            true,
 	"SSESlowConsumerDisconnected":               true,
 	"SSEResyncWhenRowsPrunedBeforeLiveDelivery": true,
+	"SSERetryInHelloBlock":                      true,
+	"SSELargestFrameFitsDefaultCap":             true,
+	"ScopeHelloShape":                           true,
+	"ScopeUnionReplayExactCounts":               true,
+	"ScopePrunedWatermarkOfOneTopic":            true,
+	"ScopeOverlapDeliveredOnce":                 true,
 	"SSEOverHTTP2":                              false,
 }
 

@@ -76,6 +76,19 @@ var subtests = []struct {
 	{"SSESlowConsumerDisconnected", testSSESlowConsumerDisconnected},
 	{"SSEOverHTTP2", testSSEOverHTTP2},
 	{"SSEResyncWhenRowsPrunedBeforeLiveDelivery", testSSEResyncWhenRowsPrunedBeforeLiveDelivery},
+	// stream.go
+	{"SSERetryInHelloBlock", testSSERetryInHelloBlock},
+	{"SSELargestFrameFitsDefaultCap", testSSELargestFrameFitsDefaultCap},
+	{"SSEWriterWithoutFlush", testSSEWriterWithoutFlush},
+	// scope.go
+	{"ScopeHelloShape", testScopeHelloShape},
+	{"ScopeUnionReplayExactCounts", testScopeUnionReplayExactCounts},
+	{"ScopePrunedWatermarkOfOneTopic", testScopePrunedWatermarkOfOneTopic},
+	{"ScopeOverlapDeliveredOnce", testScopeOverlapDeliveredOnce},
+	// replay.go
+	{"ReplayMemoryBoundedAndCloseFast", testReplayMemoryBoundedAndCloseFast},
+	// subscribe.go
+	{"SubscribeGapWhenRowsPrunedBeforeLiveDelivery", testSubscribeGapWhenRowsPrunedBeforeLiveDelivery},
 }
 
 // waitFor bounds every wait in the suite.
