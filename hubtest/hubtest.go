@@ -87,6 +87,17 @@ var subtests = []struct {
 	{"ScopeOverlapDeliveredOnce", testScopeOverlapDeliveredOnce},
 	// replay.go
 	{"ReplayMemoryBoundedAndCloseFast", testReplayMemoryBoundedAndCloseFast},
+	// poll.go
+	{"PollAnswerShapeAndHeaders", testPollAnswerShapeAndHeaders},
+	{"PollFreshRequest", testPollFreshRequest},
+	{"PollBadParameters", testPollBadParameters},
+	{"PollPagingAndClamping", testPollPagingAndClamping},
+	{"PollGaps", testPollGaps},
+	{"PollLongPollWokenByPublish", testPollLongPollWokenByPublish},
+	{"PollCloseAnswersWaitingPolls", testPollCloseAnswersWaitingPolls},
+	{"PollAndSSEShareTheCursor", testPollAndSSEShareTheCursor},
+	{"PollLongPollWokenThroughTailFromAnotherHub", testPollLongPollWokenThroughTailFromAnotherHub},
+	{"PollRandomized", testPollRandomized},
 	// subscribe.go
 	{"SubscribeGapWhenRowsPrunedBeforeLiveDelivery", testSubscribeGapWhenRowsPrunedBeforeLiveDelivery},
 }
