@@ -52,8 +52,6 @@ func TestSSEDetached(t *testing.T) {
 		{"StatsAndTracker", TestStatsAndTracker},
 		{"ConnectionCap", TestSSEConnectionCap},
 		{"Authorize", TestSSEAuthorize},
-		{"DeniedTopicNeverVisible", TestSSEDeniedTopicNeverVisible},
-		{"TopicQueryStrict", TestSSETopicQueryStrict},
 		{"ReplayPruneBetweenPagesEndsStream", TestReplayPruneBetweenPagesEndsStream},
 		{"CloseManyClientsMidReplay", TestCloseManyClientsMidReplay},
 		{"Load", TestLoad}, // skipped with -short, as on today's path

@@ -66,6 +66,8 @@ var servedDetached = map[string]bool{
 	"ScopeUnionReplayExactCounts":               true,
 	"ScopePrunedWatermarkOfOneTopic":            true,
 	"ScopeOverlapDeliveredOnce":                 true,
+	"SSETopicQueryStrict":                       true,
+	"SSEDeniedTopicNeverVisible":                true,
 	"SSEOverHTTP2":                              false,
 }
 

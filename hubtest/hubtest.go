@@ -98,6 +98,10 @@ var subtests = []struct {
 	{"PollAndSSEShareTheCursor", testPollAndSSEShareTheCursor},
 	{"PollLongPollWokenThroughTailFromAnotherHub", testPollLongPollWokenThroughTailFromAnotherHub},
 	{"PollRandomized", testPollRandomized},
+	// admit.go
+	{"SSETopicQueryStrict", testSSETopicQueryStrict},
+	{"SSERevokedContextEndsStream", testSSERevokedContextEndsStream},
+	{"SSEDeniedTopicNeverVisible", testSSEDeniedTopicNeverVisible},
 	// subscribe.go
 	{"SubscribeGapWhenRowsPrunedBeforeLiveDelivery", testSubscribeGapWhenRowsPrunedBeforeLiveDelivery},
 }
