@@ -56,6 +56,21 @@ var subtests = []struct {
 	name string
 	fn   func(t *testing.T, newLog func(t *testing.T) Opener)
 }{
+	// publish.go
+	{"PublishStoresAndReturnsEvent", testPublishStoresAndReturnsEvent},
+	{"PublishRejectsBadInput", testPublishRejectsBadInput},
+	{"PublishIdempotentByEventID", testPublishIdempotentByEventID},
+	{"PublishIdempotentUnderConcurrency", testPublishIdempotentUnderConcurrency},
+	{"ConcurrentPublishOrdering", testConcurrentPublishOrdering},
+	{"SubscribeUnsubscribe", testSubscribeUnsubscribe},
+	{"ReplayScopes", testReplayScopes},
+	// retention.go
+	{"HeadNeverGoesBackwards", testHeadNeverGoesBackwards},
+	{"PruneByAgeBelowOneSecond", testPruneByAgeBelowOneSecond},
+	{"StartRetention", testStartRetention},
+	// tail.go
+	{"TailDeliversOtherWritersExactlyOnce", testTailDeliversOtherWritersExactlyOnce},
+	{"PublishCatchesUpOtherWriters", testPublishCatchesUpOtherWriters},
 	// sse.go
 	{"SSEHeadersAndHead", testSSEHeadersAndHead},
 	{"SSEMethods", testSSEMethods},
