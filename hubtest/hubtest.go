@@ -71,6 +71,8 @@ var subtests = []struct {
 	// tail.go
 	{"TailDeliversOtherWritersExactlyOnce", testTailDeliversOtherWritersExactlyOnce},
 	{"PublishCatchesUpOtherWriters", testPublishCatchesUpOtherWriters},
+	// ready.go
+	{"Ready", testReady},
 	// sse.go
 	{"SSEHeadersAndHead", testSSEHeadersAndHead},
 	{"SSEMethods", testSSEMethods},
