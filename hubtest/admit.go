@@ -49,7 +49,7 @@ func get(t testing.TB, u string, header http.Header) (int, string) {
 // A query that does not parse is refused: net/url drops a malformed pair,
 // so "?topic=a;b" would otherwise be served as a global stream of every
 // topic (issue 8, item 6).
-func testSSETopicQueryStrict(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSETopicQueryStrict(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{MaxTopics: 3}})
 	srv := serve(t, h)
@@ -90,7 +90,7 @@ func testSSETopicQueryStrict(t *testing.T, newLog func(t *testing.T) Opener) {
 
 // Access is revoked by ending the request's context: middleware that ties
 // it to a session ends a live stream at once.
-func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{HeartbeatInterval: -1}})
 	var (
@@ -143,7 +143,7 @@ func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) Ope
 // A client granted topic "a" while events flow on a denied topic: nothing
 // of the denied topic shows in its replay, its live stream, its gap ranges
 // and counts, or its heartbeats.
-func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	var hbMu sync.Mutex
 	hbTopics := map[string]bool{}

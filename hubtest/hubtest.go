@@ -40,8 +40,8 @@ import (
 	"github.com/replayd/replayd"
 )
 
-// Opener opens a hub on one log; see [Run].
-type Opener = func(opts replayd.Options) *replayd.EventHub
+// opener opens a hub on one log; see Run.
+type opener = func(opts replayd.Options) *replayd.EventHub
 
 // Run runs every subtest of the suite against the hubs newLog makes.
 func Run(t *testing.T, newLog func(t *testing.T) (open func(opts replayd.Options) *replayd.EventHub)) {
@@ -54,7 +54,7 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func(opts replayd.Options
 // was, without the Test prefix.
 var subtests = []struct {
 	name string
-	fn   func(t *testing.T, newLog func(t *testing.T) Opener)
+	fn   func(t *testing.T, newLog func(t *testing.T) opener)
 }{
 	// publish.go
 	{"PublishStoresAndReturnsEvent", testPublishStoresAndReturnsEvent},
@@ -71,6 +71,8 @@ var subtests = []struct {
 	// tail.go
 	{"TailDeliversOtherWritersExactlyOnce", testTailDeliversOtherWritersExactlyOnce},
 	{"PublishCatchesUpOtherWriters", testPublishCatchesUpOtherWriters},
+	// close.go
+	{"CloseStopsEverything", testCloseStopsEverything},
 	// ready.go
 	{"Ready", testReady},
 	// sse.go

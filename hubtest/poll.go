@@ -98,7 +98,7 @@ func mustAtoi(t testing.TB, s string) int64 {
 	return n
 }
 
-func testPollAnswerShapeAndHeaders(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollAnswerShapeAndHeaders(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := servePoll(t, h)
@@ -128,7 +128,7 @@ func testPollAnswerShapeAndHeaders(t *testing.T, newLog func(t *testing.T) Opene
 	}
 }
 
-func testPollFreshRequest(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollFreshRequest(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := servePoll(t, h)
@@ -147,7 +147,7 @@ func testPollFreshRequest(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testPollBadParameters(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollBadParameters(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := servePoll(t, h)
@@ -176,7 +176,7 @@ func testPollBadParameters(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testPollPagingAndClamping(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollPagingAndClamping(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{Poll: replayd.PollOptions{MaxLimit: 7}})
 	base := servePoll(t, h)
@@ -221,7 +221,7 @@ func testPollPagingAndClamping(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testPollGaps(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollGaps(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := servePoll(t, h)
@@ -263,7 +263,7 @@ func testPollGaps(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testPollLongPollWokenByPublish(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollLongPollWokenByPublish(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := servePoll(t, h)
@@ -328,7 +328,7 @@ func testPollLongPollWokenByPublish(t *testing.T, newLog func(t *testing.T) Open
 	}
 }
 
-func testPollCloseAnswersWaitingPolls(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollCloseAnswersWaitingPolls(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := servePoll(t, h)
@@ -364,7 +364,7 @@ func testPollCloseAnswersWaitingPolls(t *testing.T, newLog func(t *testing.T) Op
 // The two transports share one cursor: an SSE client's last id is a poll
 // cursor, and a poll's cursor is an SSE Last-Event-ID, with nothing lost
 // or repeated either way.
-func testPollAndSSEShareTheCursor(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollAndSSEShareTheCursor(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{HeartbeatInterval: -1}})
 	base := servePoll(t, h)
@@ -403,7 +403,7 @@ func testPollAndSSEShareTheCursor(t *testing.T, newLog func(t *testing.T) Opener
 // the hub of another process or node on the same log. (The root package's
 // TestPollLongPollWokenThroughTail has the row come from a real second
 // process on SQLite.)
-func testPollLongPollWokenThroughTailFromAnotherHub(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollLongPollWokenThroughTailFromAnotherHub(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	stop, err := h.StartTail(10*time.Millisecond, replayd.TailOptions{})
@@ -430,7 +430,7 @@ func testPollLongPollWokenThroughTailFromAnotherHub(t *testing.T, newLog func(t 
 // Consecutive polls that pass the cursor back, while several goroutines
 // publish to several topics and retention prunes: every event of the scope
 // above the first cursor arrives once and in order, or inside a gap's range.
-func testPollRandomized(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPollRandomized(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := servePoll(t, h)

@@ -17,7 +17,7 @@ import (
 // Publish, Subscribe and the log read through EventHub.Replay and
 // EventLog.
 
-func testPublishStoresAndReturnsEvent(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPublishStoresAndReturnsEvent(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{DefaultType: "update"})
 	ctx := context.Background()
@@ -50,7 +50,7 @@ func testPublishStoresAndReturnsEvent(t *testing.T, newLog func(t *testing.T) Op
 	}
 }
 
-func testPublishRejectsBadInput(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPublishRejectsBadInput(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	long := strings.Repeat("x", 257)
@@ -105,7 +105,7 @@ func testPublishRejectsBadInput(t *testing.T, newLog func(t *testing.T) Opener) 
 	mustPublish(t, h, "ünïcode topic", json.RawMessage(`"`+strings.Repeat("x", 1<<20-2)+`"`))
 }
 
-func testPublishIdempotentByEventID(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPublishIdempotentByEventID(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	seen := recordLive(t, h)
@@ -126,7 +126,7 @@ func testPublishIdempotentByEventID(t *testing.T, newLog func(t *testing.T) Open
 
 // Concurrent publishes with repeated ids in the same group-commit batch:
 // exactly one row per id, every caller gets the same event for an id.
-func testPublishIdempotentUnderConcurrency(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPublishIdempotentUnderConcurrency(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	const ids, copies = 20, 8
@@ -164,7 +164,7 @@ func testPublishIdempotentUnderConcurrency(t *testing.T, newLog func(t *testing.
 
 // Many goroutines publishing: every subscriber sees strictly increasing
 // sequences, each exactly once, and exactly the published set.
-func testConcurrentPublishOrdering(t *testing.T, newLog func(t *testing.T) Opener) {
+func testConcurrentPublishOrdering(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	seen := recordLive(t, h)
@@ -199,7 +199,7 @@ func testConcurrentPublishOrdering(t *testing.T, newLog func(t *testing.T) Opene
 	}
 }
 
-func testSubscribeUnsubscribe(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSubscribeUnsubscribe(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	var got []int64
@@ -219,7 +219,7 @@ func testSubscribeUnsubscribe(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testReplayScopes(t *testing.T, newLog func(t *testing.T) Opener) {
+func testReplayScopes(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	ctx := context.Background()

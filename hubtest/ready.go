@@ -38,7 +38,7 @@ func readyWithin(h *replayd.EventHub, d time.Duration) (time.Duration, error) {
 // writer usable; after Close it is ErrClosed and the handler says 503.
 // (The root package's TestReady checks the same of an in-memory SQLite
 // database.)
-func testReady(t *testing.T, newLog func(t *testing.T) Opener) {
+func testReady(t *testing.T, newLog func(t *testing.T) opener) {
 	h := newLog(t)(replayd.Options{})
 	ev := mustPublish(t, h, "a", 1)
 	for range 3 {

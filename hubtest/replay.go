@@ -44,7 +44,7 @@ func heapInUse() uint64 {
 // A replay of large events to clients that stop reading holds about a page
 // per connection, not the whole window; Close ends such streams at once
 // (issue 8, item 2).
-func testReplayMemoryBoundedAndCloseFast(t *testing.T, newLog func(t *testing.T) Opener) {
+func testReplayMemoryBoundedAndCloseFast(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	const events, clients = 24, 8

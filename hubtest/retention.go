@@ -10,7 +10,7 @@ import (
 
 // Retention through the hub: Prune, StartRetention and the head.
 
-func testHeadNeverGoesBackwards(t *testing.T, newLog func(t *testing.T) Opener) {
+func testHeadNeverGoesBackwards(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	ctx := context.Background()
@@ -37,7 +37,7 @@ func testHeadNeverGoesBackwards(t *testing.T, newLog func(t *testing.T) Opener) 
 	}
 }
 
-func testPruneByAgeBelowOneSecond(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPruneByAgeBelowOneSecond(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	ctx := context.Background()
@@ -50,7 +50,7 @@ func testPruneByAgeBelowOneSecond(t *testing.T, newLog func(t *testing.T) Opener
 	}
 }
 
-func testStartRetention(t *testing.T, newLog func(t *testing.T) Opener) {
+func testStartRetention(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	ctx := context.Background()

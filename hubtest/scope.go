@@ -36,7 +36,7 @@ func readHello(t *testing.T, c *sseClient) helloData {
 	return d
 }
 
-func testScopeHelloShape(t *testing.T, newLog func(t *testing.T) Opener) {
+func testScopeHelloShape(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
@@ -86,7 +86,7 @@ func inScope(evs []replayd.Event, after int64, topics ...string) []replayd.Event
 	return out
 }
 
-func testScopeUnionReplayExactCounts(t *testing.T, newLog func(t *testing.T) Opener) {
+func testScopeUnionReplayExactCounts(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	const limit = 7
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: limit}})
@@ -116,7 +116,7 @@ func testScopeUnionReplayExactCounts(t *testing.T, newLog func(t *testing.T) Ope
 
 // A pruned watermark on any one topic of the scope (here b, with a and the
 // broadcasts untouched above the cursor) makes the gap "pruned".
-func testScopePrunedWatermarkOfOneTopic(t *testing.T, newLog func(t *testing.T) Opener) {
+func testScopePrunedWatermarkOfOneTopic(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	a1 := mustPublish(t, h, "x", 1)
@@ -151,7 +151,7 @@ func testScopePrunedWatermarkOfOneTopic(t *testing.T, newLog func(t *testing.T) 
 // A connection whose topics overlap an event several times (a broadcast
 // meets each of its subscriptions) gets it once, in order; heartbeats get
 // "" for a scope of several topics.
-func testScopeOverlapDeliveredOnce(t *testing.T, newLog func(t *testing.T) Opener) {
+func testScopeOverlapDeliveredOnce(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	hbTopics := make(chan string, 100)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{

@@ -23,7 +23,7 @@ import (
 
 // End-to-end tests of the SSE endpoint over real HTTP.
 
-func testSSEHeadersAndHead(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEHeadersAndHead(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
@@ -52,7 +52,7 @@ func testSSEHeadersAndHead(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testSSEMethods(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEMethods(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
@@ -78,7 +78,7 @@ func testSSEMethods(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testSSEOrigins(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEOrigins(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	const page = "http://app.example:8080"
 	cases := []struct {
@@ -156,7 +156,7 @@ func testSSEOrigins(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testSSEInvalidTopic(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEInvalidTopic(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{TopicParam: "room"}})
 	srv := serve(t, h)
@@ -187,7 +187,7 @@ func testSSEInvalidTopic(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testSSEFreshClientGetsHelloThenLive(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEFreshClientGetsHelloThenLive(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
@@ -205,7 +205,7 @@ func testSSEFreshClientGetsHelloThenLive(t *testing.T, newLog func(t *testing.T)
 	}
 }
 
-func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
@@ -233,7 +233,7 @@ func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) Opener) {
 
 // Resuming within the replay limit: exactly what was missed, in order, no
 // gap, then live; by header or by the lastEventId query parameter.
-func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
 	setup := func(t *testing.T) (*replayd.EventHub, string) {
 		h := newLog(t)(replayd.Options{})
 		for _, topic := range []string{"a", "b", "", "a", "b"} { // 1..5
@@ -287,7 +287,7 @@ func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) Opener) {
 // The gap matrix of §4.4 for replay_limit, in a topic scope and the global
 // scope, with other topics interleaved so counting visible rows and
 // sequence arithmetic disagree.
-func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 3}})
 	srv := serve(t, h)
@@ -338,7 +338,7 @@ func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) Opener) {
 }
 
 // A negative ReplayLimit replays nothing: any backlog is a gap.
-func testSSEGapNegativeReplayLimit(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEGapNegativeReplayLimit(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: -1}})
 	srv := serve(t, h)
@@ -366,7 +366,7 @@ func testSSEGapNegativeReplayLimit(t *testing.T, newLog func(t *testing.T) Opene
 	}
 }
 
-func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 2}})
 	srv := serve(t, h)
@@ -430,7 +430,7 @@ func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) Opener) {
 
 // A cursor above the head (the log was reset) is an unknown_cursor gap; the
 // client is then fresh from the head and gets live events at once.
-func testSSEGapUnknownCursor(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEGapUnknownCursor(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
@@ -450,7 +450,7 @@ func testSSEGapUnknownCursor(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testSSEGapInvalidCursor(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEGapInvalidCursor(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: -5}})
 	srv := serve(t, h)
@@ -483,7 +483,7 @@ func testSSEGapInvalidCursor(t *testing.T, newLog func(t *testing.T) Opener) {
 }
 
 // The bad-input table of §8, row by row, over HTTP.
-func testSSEBadInputTable(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEBadInputTable(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 1}})
 	srv := serve(t, h)
@@ -529,7 +529,7 @@ func testSSEBadInputTable(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testSSEMultiLinePayload(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEMultiLinePayload(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
@@ -557,7 +557,7 @@ func testSSEMultiLinePayload(t *testing.T, newLog func(t *testing.T) Opener) {
 	}
 }
 
-func testSSERetryAndHeartbeats(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSERetryAndHeartbeats(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	cases := []struct {
 		name string
@@ -622,7 +622,7 @@ func testSSERetryAndHeartbeats(t *testing.T, newLog func(t *testing.T) Opener) {
 
 // Many goroutines publishing while clients connect and resume: each
 // connection's ids strictly increase, with no duplicates and no holes.
-func testSSEConcurrentPublishAndConnect(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEConcurrentPublishAndConnect(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 100000}})
 	srv := serve(t, h)
@@ -661,7 +661,7 @@ func testSSEConcurrentPublishAndConnect(t *testing.T, newLog func(t *testing.T) 
 // A client that never reads is disconnected once its unsent frames pass
 // MaxBufferedBytes; publishers never wait on it and other clients get
 // everything.
-func testSSESlowConsumerDisconnected(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSESlowConsumerDisconnected(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{MaxBufferedBytes: 256 << 10}})
 	srv := serve(t, h)
@@ -704,7 +704,7 @@ func testSSESlowConsumerDisconnected(t *testing.T, newLog func(t *testing.T) Ope
 
 // The stream works over HTTP/2 (TLS), where flushing and write deadlines
 // go through the HTTP/2 server's own writer.
-func testSSEOverHTTP2(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEOverHTTP2(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := httptest.NewUnstartedServer(h.Handler())
@@ -760,7 +760,7 @@ func testSSEOverHTTP2(t *testing.T, newLog func(t *testing.T) Opener) {
 // Rows another process committed and retention deleted before this hub
 // could deliver them live cannot be delivered: the hub ends its streams so
 // that their clients reconnect and get a gap, instead of a silent hole.
-func testSSEResyncWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEResyncWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)

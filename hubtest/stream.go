@@ -23,7 +23,7 @@ import (
 
 // The stream begins with one block holding retry and the hello, byte for
 // byte: "retry: N\nid: c\nevent: hello\ndata: …\n\n".
-func testSSERetryInHelloBlock(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSERetryInHelloBlock(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{Retry: 2 * time.Second, HeartbeatInterval: -1}})
 	srv := serve(t, h)
@@ -56,7 +56,7 @@ func testSSERetryInHelloBlock(t *testing.T, newLog func(t *testing.T) Opener) {
 // queue under the default MaxBufferedBytes, whatever its shape: 1 MiB on one
 // line, or a pretty-printed array whose "data: " prefixes (one per line)
 // make the frame far larger than the payload.
-func testSSELargestFrameFitsDefaultCap(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSELargestFrameFitsDefaultCap(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	logs := &logRecorder{}
 	h := open(replayd.Options{Logger: slog.New(logs), SSE: replayd.SSEOptions{HeartbeatInterval: -1}})
@@ -100,7 +100,7 @@ func (u unwrapWriter) Unwrap() http.ResponseWriter { return u.w }
 // Behind a ResponseWriter that cannot flush, a stream is refused at once
 // with a 500 and a plain-text reason, and the cause is logged at Error once
 // per hub; one that unwraps to a Flusher streams.
-func testSSEWriterWithoutFlush(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSSEWriterWithoutFlush(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	logs := &logRecorder{}
 	h := open(replayd.Options{Logger: slog.New(logs), SSE: replayd.SSEOptions{HeartbeatInterval: -1}})

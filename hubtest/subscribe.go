@@ -65,7 +65,7 @@ func (r *subRecorder) wait(t testing.TB, n int) []string {
 // Rows another process committed and retention deleted before this hub
 // delivered them live: a SubscribeWithGaps subscriber is told, before the
 // next event, instead of skipping them silently.
-func testSubscribeGapWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *testing.T) Opener) {
+func testSubscribeGapWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	other := open(replayd.Options{})

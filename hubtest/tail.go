@@ -17,7 +17,7 @@ import (
 // A second hub on the same file (as another process would be) publishes;
 // the tailing hub delivers every row exactly once and in order, its own
 // publishes included.
-func testTailDeliversOtherWritersExactlyOnce(t *testing.T, newLog func(t *testing.T) Opener) {
+func testTailDeliversOtherWritersExactlyOnce(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	server := open(replayd.Options{})
 	worker := open(replayd.Options{})
@@ -72,7 +72,7 @@ func testTailDeliversOtherWritersExactlyOnce(t *testing.T, newLog func(t *testin
 
 // Without a tail, a hub that publishes learns of other writers' rows at its
 // next publish and delivers them first, in order.
-func testPublishCatchesUpOtherWriters(t *testing.T, newLog func(t *testing.T) Opener) {
+func testPublishCatchesUpOtherWriters(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	other := open(replayd.Options{})
