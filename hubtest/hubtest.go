@@ -27,6 +27,12 @@
 // business, with t.Cleanup; a subtest may close a hub itself first
 // (EventHub.Close is idempotent).
 //
+// Many subtests name exact sequences: they expect a fresh log's first
+// event to get sequence 1, and each stored event the next integer, as the
+// SQLite and PostgreSQL stores do when no append is refused. (The Store
+// contract allows holes; a store that makes them where these subtests do
+// not refuse anything fails them.)
+//
 // Some subtests wait for the clock to move on (created_at and MaxAge have
 // millisecond precision): tens of milliseconds each, bounded.
 package hubtest
@@ -51,7 +57,9 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func(opts replayd.Options
 }
 
 // subtests is the suite; each entry's name is the root package test it
-// was, without the Test prefix.
+// was, without the Test prefix (PollLongPollWokenThroughTailFromAnotherHub
+// is new: the root's TestPollLongPollWokenThroughTail, with a second hub
+// for the second process).
 var subtests = []struct {
 	name string
 	fn   func(t *testing.T, newLog func(t *testing.T) opener)
