@@ -36,44 +36,22 @@ func withDetach(t *testing.T, body func(t *testing.T)) {
 	}
 }
 
-// TestSSEDetached runs the SSE end-to-end suite again with
+// TestSSEDetached runs this package's SSE tests again with
 // DetachConnections on: every guarantee holds on the hijacked path too.
-// (TestSSEOverHTTP2 checks that HTTP/2 falls back; it detaches nothing.)
+// The end-to-end tests that moved to hubtest run detached in
+// TestHubSuite/Detached (suite_test.go), which also checks that HTTP/2
+// falls back and detaches nothing.
 func TestSSEDetached(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		fn   func(*testing.T)
 	}{
-		{"HeadersAndHead", TestSSEHeadersAndHead},
-		{"Origins", TestSSEOrigins},
-		{"FreshClientGetsHelloThenLive", TestSSEFreshClientGetsHelloThenLive},
-		{"TopicScopes", TestSSETopicScopes},
-		{"ResumeExact", TestSSEResumeExact},
-		{"GapReplayLimit", TestSSEGapReplayLimit},
-		{"GapNegativeReplayLimit", TestSSEGapNegativeReplayLimit},
-		{"GapPruned", TestSSEGapPruned},
-		{"GapUnknownCursor", TestSSEGapUnknownCursor},
-		{"GapInvalidCursor", TestSSEGapInvalidCursor},
-		{"BadInputTable", TestSSEBadInputTable},
-		{"MultiLinePayload", TestSSEMultiLinePayload},
-		{"RetryAndHeartbeats", TestSSERetryAndHeartbeats},
 		{"HandshakeRaceBeforeRead", TestSSEHandshakeRaceBeforeRead},
 		{"HandshakeRaceBeforeLive", TestSSEHandshakeRaceBeforeLive},
-		{"ConcurrentPublishAndConnect", TestSSEConcurrentPublishAndConnect},
-		{"SlowConsumerDisconnected", TestSSESlowConsumerDisconnected},
-		{"ResyncWhenRowsPrunedBeforeLiveDelivery", TestSSEResyncWhenRowsPrunedBeforeLiveDelivery},
-		{"RetryInHelloBlock", TestSSERetryInHelloBlock},
-		{"LargestFrameFitsDefaultCap", TestSSELargestFrameFitsDefaultCap},
 		{"SlowConsumerCutIsLogged", TestSSESlowConsumerCutIsLogged},
 		{"StatsAndTracker", TestStatsAndTracker},
 		{"ConnectionCap", TestSSEConnectionCap},
 		{"Authorize", TestSSEAuthorize},
-		{"DeniedTopicNeverVisible", TestSSEDeniedTopicNeverVisible},
-		{"TopicQueryStrict", TestSSETopicQueryStrict},
-		{"ScopeHelloShape", TestScopeHelloShape},
-		{"ScopeUnionReplayExactCounts", TestScopeUnionReplayExactCounts},
-		{"ScopePrunedWatermarkOfOneTopic", TestScopePrunedWatermarkOfOneTopic},
-		{"ScopeOverlapDeliveredOnce", TestScopeOverlapDeliveredOnce},
 		{"ReplayPruneBetweenPagesEndsStream", TestReplayPruneBetweenPagesEndsStream},
 		{"CloseManyClientsMidReplay", TestCloseManyClientsMidReplay},
 		{"Load", TestLoad}, // skipped with -short, as on today's path
@@ -82,15 +60,6 @@ func TestSSEDetached(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) { withDetach(t, tc.fn) })
 	}
-	t.Run("OverHTTP2FallsBack", func(t *testing.T) {
-		var detached atomic.Int64
-		testDetach, testHookDetached = true, func() { detached.Add(1) }
-		defer func() { testDetach, testHookDetached = false, nil }()
-		TestSSEOverHTTP2(t)
-		if detached.Load() != 0 {
-			t.Errorf("%d HTTP/2 streams detached", detached.Load())
-		}
-	})
 }
 
 // The hijacked response is framed by the connection's end: no chunking,

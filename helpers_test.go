@@ -286,3 +286,10 @@ func frameIDs(fs []frame) []string {
 	}
 	return out
 }
+
+func lastID(id int64) http.Header { return http.Header{"Last-Event-ID": {fmt.Sprint(id)}} }
+
+func gapString(g gapJSON) string {
+	b, _ := json.Marshal(g)
+	return string(b)
+}

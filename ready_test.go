@@ -32,46 +32,37 @@ func readyWithin(h *EventHub, d time.Duration) (time.Duration, error) {
 	return time.Since(start), err
 }
 
-// Ready answers nil on a healthy file, writes nothing, and leaves the
-// writer usable; after Close it is ErrClosed and the handler says 503.
+// Ready answers nil on a healthy in-memory database, writes nothing, and
+// leaves the writer usable; after Close it is ErrClosed and the handler
+// says 503. (On a file, and on every store: hubtest's Ready.)
 func TestReady(t *testing.T) {
-	for _, dsn := range []string{"file", ":memory:"} {
-		t.Run(dsn, func(t *testing.T) {
-			var h *EventHub
-			if dsn == "file" {
-				db, _ := openTestDB(t)
-				h = newTestHub(t, db, Options{})
-			} else {
-				db, err := OpenDB(":memory:")
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { db.Close() })
-				h = newTestHub(t, db, Options{})
-			}
-			ev := mustPublish(t, h, "a", 1)
-			for range 3 {
-				if _, err := readyWithin(h, waitFor); err != nil {
-					t.Fatalf("Ready: %v", err)
-				}
-			}
-			if code, body := getReady(t, h); code != http.StatusOK || body != "ok\n" {
-				t.Fatalf("ReadyHandler: %d %q", code, body)
-			}
-			if head, _ := h.LatestSequence(context.Background()); head != ev.Sequence {
-				t.Fatalf("head %d after Ready, want %d: the probe wrote", head, ev.Sequence)
-			}
-			if ev2 := mustPublish(t, h, "a", 2); ev2.Sequence != ev.Sequence+1 {
-				t.Fatalf("publish after Ready got %d", ev2.Sequence)
-			}
-			h.Close()
-			if _, err := readyWithin(h, waitFor); !errors.Is(err, ErrClosed) {
-				t.Fatalf("Ready after Close: %v", err)
-			}
-			if code, body := getReady(t, h); code != http.StatusServiceUnavailable || body != "not ready\n" {
-				t.Fatalf("ReadyHandler after Close: %d %q", code, body)
-			}
-		})
+	db, err := OpenDB(":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	h := newTestHub(t, db, Options{})
+	ev := mustPublish(t, h, "a", 1)
+	for range 3 {
+		if _, err := readyWithin(h, waitFor); err != nil {
+			t.Fatalf("Ready: %v", err)
+		}
+	}
+	if code, body := getReady(t, h); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("ReadyHandler: %d %q", code, body)
+	}
+	if head, _ := h.LatestSequence(context.Background()); head != ev.Sequence {
+		t.Fatalf("head %d after Ready, want %d: the probe wrote", head, ev.Sequence)
+	}
+	if ev2 := mustPublish(t, h, "a", 2); ev2.Sequence != ev.Sequence+1 {
+		t.Fatalf("publish after Ready got %d", ev2.Sequence)
+	}
+	h.Close()
+	if _, err := readyWithin(h, waitFor); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Ready after Close: %v", err)
+	}
+	if code, body := getReady(t, h); code != http.StatusServiceUnavailable || body != "not ready\n" {
+		t.Fatalf("ReadyHandler after Close: %d %q", code, body)
 	}
 }
 

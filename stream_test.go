@@ -1,83 +1,17 @@
 package replayd
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // Tests of one stream's shape and limits: the retry field's placement, the
 // queue cap against the largest frame, and a ResponseWriter that cannot
 // flush.
-
-// The stream begins with one block holding retry and the hello, byte for
-// byte: "retry: N\nid: c\nevent: hello\ndata: …\n\n".
-func TestSSERetryInHelloBlock(t *testing.T) {
-	db, _ := openTestDB(t)
-	h := newTestHub(t, db, Options{SSE: SSEOptions{Retry: 2 * time.Second, HeartbeatInterval: -1}})
-	srv := serve(t, h)
-	mustPublish(t, h, "", 1)
-	resp, err := http.Get(srv.URL + "?topic=room")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	var block strings.Builder
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("after %q: %v", block.String(), err)
-		}
-		block.WriteString(line)
-		if line == "\n" {
-			break
-		}
-	}
-	// The hello's data is checked elsewhere; here its place in the block.
-	got := block.String()
-	if !strings.HasPrefix(got, "retry: 2000\nid: 1\nevent: hello\ndata: {") || strings.Count(got, "\n") != 5 {
-		t.Fatalf("first block %q, want retry, id, event and one data line", got)
-	}
-}
-
-// A frame of the largest payload Publish accepts always fits a connection's
-// queue under the default MaxBufferedBytes, whatever its shape: 1 MiB on one
-// line, or a pretty-printed array whose "data: " prefixes (one per line)
-// make the frame far larger than the payload.
-func TestSSELargestFrameFitsDefaultCap(t *testing.T) {
-	db, _ := openTestDB(t)
-	logs := &logRecorder{}
-	h := newTestHub(t, db, Options{Logger: slog.New(logs), SSE: SSEOptions{HeartbeatInterval: -1}})
-	srv := serve(t, h)
-	c := dial(t, srv.URL+"?topic=big", nil)
-	c.hello()
-
-	oneLine := `"` + strings.Repeat("x", maxPayloadLen-2) + `"`
-	pretty := "[" + strings.Repeat("\n0,", 136532) + "\n0\n]" // 409,601 bytes
-	if len(oneLine) != 1<<20 || len(pretty) != 409601 {
-		t.Fatalf("payload sizes %d, %d", len(oneLine), len(pretty))
-	}
-	for _, p := range []string{oneLine, pretty} {
-		ev := mustPublish(t, h, "big", json.RawMessage(p))
-		f, err := c.nextErr(waitFor)
-		if err != nil {
-			t.Fatalf("%d-byte payload: the stream ended: %v; logs:\n%s", len(p), err, logs)
-		}
-		if f.ID != fmt.Sprint(ev.Sequence) || f.Data != p {
-			t.Fatalf("frame id %s with %d bytes of data, want %d with %d", f.ID, len(f.Data), ev.Sequence, len(p))
-		}
-	}
-}
 
 // A client cut as a slow consumer is logged, with its topic and address.
 func TestSSESlowConsumerCutIsLogged(t *testing.T) {
@@ -157,61 +91,4 @@ func (l *logRecorder) String() string {
 		b.WriteByte('\n')
 	}
 	return b.String()
-}
-
-// noFlushWriter is a middleware's ResponseWriter with neither Flush nor
-// Unwrap: nothing it is given can ever reach the client before the
-// handler returns.
-type noFlushWriter struct{ w http.ResponseWriter }
-
-func (n noFlushWriter) Header() http.Header         { return n.w.Header() }
-func (n noFlushWriter) Write(b []byte) (int, error) { return n.w.Write(b) }
-func (n noFlushWriter) WriteHeader(code int)        { n.w.WriteHeader(code) }
-
-// unwrapWriter hides Flush but offers Unwrap, as http.ResponseController
-// expects of a middleware.
-type unwrapWriter struct{ noFlushWriter }
-
-func (u unwrapWriter) Unwrap() http.ResponseWriter { return u.w }
-
-// Behind a ResponseWriter that cannot flush, a stream is refused at once
-// with a 500 and a plain-text reason, and the cause is logged at Error once
-// per hub; one that unwraps to a Flusher streams.
-func TestSSEWriterWithoutFlush(t *testing.T) {
-	db, _ := openTestDB(t)
-	logs := &logRecorder{}
-	h := newTestHub(t, db, Options{Logger: slog.New(logs), SSE: SSEOptions{HeartbeatInterval: -1}})
-	var wrap func(http.ResponseWriter) http.ResponseWriter
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.Handler().ServeHTTP(wrap(w), r)
-	}))
-	t.Cleanup(srv.Close)
-
-	wrap = func(w http.ResponseWriter) http.ResponseWriter { return noFlushWriter{w} }
-	for range 3 {
-		resp, err := http.Get(srv.URL + "?topic=room")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(body), "Flush") ||
-			!strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
-			t.Fatalf("status %d, %s, body %q; want 500 naming Flush", resp.StatusCode, resp.Header.Get("Content-Type"), body)
-		}
-	}
-	if n := logs.count(slog.LevelError, "Flush", "", ""); n != 1 {
-		t.Fatalf("%d Error logs naming Flush, want 1:\n%s", n, logs)
-	}
-	if h.Clients().Total() != 0 || len(h.Clients().Snapshot()) != 0 {
-		t.Fatalf("a refused stream reached the tracker: %+v", h.Clients().Snapshot())
-	}
-
-	wrap = func(w http.ResponseWriter) http.ResponseWriter { return unwrapWriter{noFlushWriter{w}} }
-	c := dial(t, srv.URL+"?topic=room", nil)
-	c.hello()
-	ev := mustPublish(t, h, "room", 1)
-	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("frame %+v, want event %d", f, ev.Sequence)
-	}
 }

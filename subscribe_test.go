@@ -60,41 +60,6 @@ func (r *subRecorder) wait(t testing.TB, n int) []string {
 	}
 }
 
-// Rows another process committed and retention deleted before this hub
-// delivered them live: a SubscribeWithGaps subscriber is told, before the
-// next event, instead of skipping them silently.
-func TestSubscribeGapWhenRowsPrunedBeforeLiveDelivery(t *testing.T) {
-	db, path := openTestDB(t)
-	h := newTestHub(t, db, Options{})
-	other := secondHub(t, path, Options{})
-
-	first := mustPublish(t, h, "", "before") // the live position is first
-	rec := recordSubscriber(h)
-	var plain []int64
-	h.Subscribe(func(ev Event) { plain = append(plain, ev.Sequence) })
-	for range 3 { // committed by "another process"; h has no tail
-		mustPublish(t, other, "a", "unseen")
-	}
-	if _, err := db.Exec(`UPDATE events SET created_at = created_at - 60000`); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := other.Prune(context.Background(), RetentionPolicy{MaxAge: time.Second}); err != nil || n != 4 {
-		t.Fatalf("pruned %d, %v", n, err)
-	}
-	ev := mustPublish(t, h, "", "next") // h learns of the hole now
-	want := []string{
-		fmt.Sprintf("gap pruned %d %d-%d", first.Sequence, first.Sequence+1, first.Sequence+3),
-		fmt.Sprintf("e%d", ev.Sequence),
-	}
-	if got := rec.wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("subscriber got %q, want %q", got, want)
-	}
-	// A plain Subscribe still works, without being told.
-	if fmt.Sprint(plain) != fmt.Sprint([]int64{ev.Sequence}) {
-		t.Fatalf("plain subscriber got %v", plain)
-	}
-}
-
 // resetLog empties the log from outside, as a new database would: every row
 // and watermark deleted and the sequence started again.
 func resetLog(t testing.TB, path string) {

@@ -71,7 +71,14 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (replayd.Page
 		size += len(evs[n].Payload)
 		n++
 	}
-	return replayd.Page{Events: evs[:n], More: n < len(evs), Head: pp.Head, Watermark: pp.Watermark}, nil
+	more := n < len(evs)
+	if more {
+		// A copy: the page must not hold the payloads it leaves out (a
+		// stalled client would keep a whole window of them alive, not a
+		// page: hubtest's ReplayMemoryBoundedAndCloseFast).
+		evs = append([]replayd.Event(nil), evs[:n]...)
+	}
+	return replayd.Page{Events: evs[:n], More: more, Head: pp.Head, Watermark: pp.Watermark}, nil
 }
 
 // Window reads a resuming client's window (see replayd.Store.Window) in

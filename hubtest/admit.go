@@ -1,0 +1,265 @@
+package hubtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/replayd/replayd"
+)
+
+// Request admission (SPEC §9, §10) over real HTTP: strict topic parsing,
+// Options.Authorize's grant, and a request context that ends.
+
+// get sends a GET and returns its status and body, read whole: it fails
+// the test on a transport error or an answer that does not end within
+// waitFor (a stream served where a refusal was due).
+func get(t testing.TB, u string, header http.Header) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: status %d, read the body: %v", u, resp.StatusCode, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// A query that does not parse is refused: net/url drops a malformed pair,
+// so "?topic=a;b" would otherwise be served as a global stream of every
+// topic (issue 8, item 6).
+func testSSETopicQueryStrict(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	h := open(replayd.Options{SSE: replayd.SSEOptions{MaxTopics: 3}})
+	srv := serve(t, h)
+	mustPublish(t, h, "a;b", "a topic Publish accepts")
+	mustPublish(t, h, "other", "invisible to a;b")
+	for _, q := range []string{"?topic=a;b", "?topic=a%3Bb;x=1", "?topic=a&x=%zz", "?%zz&topic=a", "?topic=a&topic=b&topic=c&topic=d"} {
+		status, body := get(t, srv.URL+q, lastID(0))
+		if status != http.StatusBadRequest {
+			t.Errorf("%s: status %d, body %q; want 400", q, status, body)
+		}
+	}
+	if h.Clients().Total() != 0 || len(h.Clients().Snapshot()) != 0 {
+		t.Fatalf("a refused request reached the tracker: %+v", h.Clients().Snapshot())
+	}
+
+	// The topic, escaped, is served as itself.
+	c := dial(t, srv.URL+"?topic="+url.QueryEscape("a;b"), lastID(0))
+	if _, topic, _, _ := c.hello(); topic == nil || *topic != "a;b" {
+		t.Fatalf("topic %v, want a;b", topic)
+	}
+	if f := c.next(); f.ID != "1" {
+		t.Fatalf("got %+v, want the event of a;b", f)
+	}
+	c.Close()
+
+	// Blank values are ignored and repeats count once.
+	for _, q := range []string{"?topic=&topic=a", "?topic=a&topic=a", "?topic=%20a%20&topic=a&topic="} {
+		c := dial(t, srv.URL+q, nil)
+		if _, topic, _, _ := c.hello(); topic == nil || *topic != "a" {
+			t.Errorf("%s: topic %v, want a", q, topic)
+		}
+		c.Close()
+	}
+	// MaxTopics distinct topics, repeated, are within the limit.
+	c = dial(t, srv.URL+"?topic=a&topic=b&topic=c&topic=a&topic=b", nil)
+	c.hello()
+}
+
+// Access is revoked by ending the request's context: middleware that ties
+// it to a session ends a live stream at once.
+func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	h := open(replayd.Options{SSE: replayd.SSEOptions{HeartbeatInterval: -1}})
+	var (
+		mu       sync.Mutex
+		sessions = map[string][]context.CancelFunc{}
+	)
+	revoke := func(session string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, cancel := range sessions[session] {
+			cancel()
+		}
+		delete(sessions, session)
+	}
+	mw := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		mu.Lock()
+		s := r.URL.Query().Get("session")
+		sessions[s] = append(sessions[s], cancel)
+		mu.Unlock()
+		h.Handler().ServeHTTP(w, r.WithContext(ctx))
+	})
+	srv := httptest.NewServer(mw)
+	t.Cleanup(srv.Close)
+
+	alice := dial(t, srv.URL+"?topic=room&session=alice", nil)
+	bob := dial(t, srv.URL+"?topic=room&session=bob", nil)
+	alice.hello()
+	bob.hello()
+	ev := mustPublish(t, h, "room", 1)
+	for _, c := range []*sseClient{alice, bob} {
+		if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
+			t.Fatalf("got %+v", f)
+		}
+	}
+	revoke("alice")
+	start := time.Now()
+	if f, err := alice.nextErr(waitFor); !errors.Is(err, io.EOF) {
+		t.Fatalf("after revocation alice got %+v, %v; want the stream to end", f, err)
+	}
+	t.Logf("stream ended %v after revocation", time.Since(start))
+	waitUntil(t, "the revoked stream to leave the tracker", func() bool { return h.Clients().Total() == 1 })
+	ev = mustPublish(t, h, "room", 2)
+	if f := bob.next(); f.ID != fmt.Sprint(ev.Sequence) {
+		t.Fatalf("bob got %+v", f)
+	}
+}
+
+// A client granted topic "a" while events flow on a denied topic: nothing
+// of the denied topic shows in its replay, its live stream, its gap ranges
+// and counts, or its heartbeats.
+func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	var hbMu sync.Mutex
+	hbTopics := map[string]bool{}
+	h := open(replayd.Options{
+		Authorize: func(r *http.Request, topics []string) error {
+			if len(topics) == 0 || slices.Contains(topics, "secret") {
+				return errors.New("denied")
+			}
+			return nil
+		},
+		SSE: replayd.SSEOptions{
+			ReplayLimit:       3,
+			HeartbeatInterval: 10 * time.Millisecond,
+			HeartbeatData: func(topic string) any {
+				hbMu.Lock()
+				hbTopics[topic] = true
+				hbMu.Unlock()
+				return map[string]string{"topic": topic}
+			},
+		},
+	})
+	srv := serve(t, h)
+	for _, q := range []string{"", "?topic=secret", "?topic=a&topic=secret", "?topic=secret&topic=a"} {
+		if status, _ := get(t, srv.URL+q, nil); status != http.StatusForbidden {
+			t.Fatalf("%q: status %d, want 403", q, status)
+		}
+	}
+
+	visible := map[int64]bool{}
+	var all []replayd.Event
+	pub := func(topic string, n int) {
+		ev := mustPublish(t, h, topic, map[string]any{"topic": topic, "n": n})
+		all = append(all, ev)
+		if topic != "secret" {
+			visible[ev.Sequence] = true
+		}
+	}
+	live := dial(t, srv.URL+"?topic=a", nil)
+	live.hello()
+	pattern := []string{"secret", "a", "secret", "secret", "", "secret", "a", "secret", "a", "secret", "a", "secret"}
+	for i, topic := range pattern {
+		pub(topic, i)
+	}
+	// Live: exactly the visible events.
+	var want []string
+	for _, ev := range all {
+		if visible[ev.Sequence] {
+			want = append(want, fmt.Sprint(ev.Sequence))
+		}
+	}
+	if got := frameIDs(live.events(len(want))); !slices.Equal(got, want) {
+		t.Fatalf("live ids %v, want %v", got, want)
+	}
+	mustPublish(t, h, "secret", "after")
+	sentinel := mustPublish(t, h, "a", "sentinel")
+	if f := live.nextNonHeartbeat(); f.ID != fmt.Sprint(sentinel.Sequence) {
+		t.Fatalf("live got %+v, want the sentinel", f)
+	}
+	if f := live.next(); f.Event != "heartbeat" || !strings.Contains(f.Data, `"topic":"a"`) {
+		t.Fatalf("live got %+v, want a heartbeat for a", f)
+	}
+	live.Close()
+
+	// Replay from 0 past the limit: the gap names only visible events, the
+	// count is theirs, and the window holds only them.
+	c := dial(t, srv.URL+"?topic=a", lastID(0))
+	c.hello()
+	g := parseGap(t, c.nextNonHeartbeat())
+	vis := slices.Sorted(func(yield func(int64) bool) {
+		for s := range visible {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+	vis = append(vis, sentinel.Sequence)
+	skipped := vis[:len(vis)-3]
+	if g.Reason != "replay_limit" || *g.MissedFrom != skipped[0] || *g.MissedThrough != skipped[len(skipped)-1] || *g.Missed != int64(len(skipped)) {
+		t.Fatalf("gap %s, want replay_limit over %v", gapString(g), skipped)
+	}
+	var gotReplay []string
+	for _, f := range c.events(3) {
+		gotReplay = append(gotReplay, f.ID)
+		if strings.Contains(f.Data, "secret") {
+			t.Fatalf("replayed a denied event: %+v", f)
+		}
+	}
+	var wantReplay []string
+	for _, s := range vis[len(vis)-3:] {
+		wantReplay = append(wantReplay, fmt.Sprint(s))
+	}
+	if !slices.Equal(gotReplay, wantReplay) {
+		t.Fatalf("replayed %v, want %v", gotReplay, wantReplay)
+	}
+	c.Close()
+
+	// Rows of the denied topic pruned above the cursor are not the
+	// client's business: it resumes cleanly, without a pruned gap.
+	cursor := mustPublish(t, h, "a", "cursor").Sequence
+	mustPublish(t, h, "secret", "pruned 1")
+	through := mustPublish(t, h, "secret", "pruned 2").Sequence
+	after := mustPublish(t, h, "a", "after the prune")
+	// Retention deletes every event up to through (by count: on every
+	// store, without waiting for the clock): the pattern's, the two before
+	// the sentinel's check and the three above.
+	if n, err := h.Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 1}); err != nil || n != int64(len(all))+5 {
+		t.Fatalf("pruned %d, %v; want every event up to %d", n, err, through)
+	}
+	c = dial(t, srv.URL+"?topic=a", lastID(cursor))
+	c.hello()
+	if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(after.Sequence) {
+		t.Fatalf("after pruning the denied topic above the cursor, the resume got %+v, want %d", f, after.Sequence)
+	}
+	hbMu.Lock()
+	defer hbMu.Unlock()
+	if len(hbTopics) != 1 || !hbTopics["a"] {
+		t.Fatalf("HeartbeatData called for %v, want only a", hbTopics)
+	}
+}

@@ -1,0 +1,182 @@
+// Package hubtest checks an [replayd.EventHub]'s behaviour on any
+// [replayd.Store]: the SSE and poll endpoints, replay, gaps, retention and
+// subscribers, as subtests over real HTTP, through the exported API only.
+// Where storetest checks a store's promises, hubtest checks that the hub
+// keeps its own on top of them. A backend's test runs
+//
+//	func TestHubSuite(t *testing.T) {
+//		hubtest.Run(t, func(t *testing.T) func(replayd.Options) *replayd.EventHub {
+//			db := newEmptyDatabase(t)                     // a fresh, empty log
+//			return func(opts replayd.Options) *replayd.EventHub { // each call: another hub on it
+//				s := open(t, db)
+//				h, err := replayd.NewWithStore(s, opts)
+//				if err != nil {
+//					t.Fatal(err)
+//				}
+//				t.Cleanup(func() { h.Close(); s.Close() })
+//				return h
+//			}
+//		})
+//	}
+//
+// newLog is called by each subtest that needs a fresh log (once per
+// subtest, or once per nested subtest where those need logs of their own)
+// and must return a function that opens a hub, on its own store, on a new,
+// empty log; each further call opens another hub on the same log (as
+// another process or node would). Closing hubs and stores is the factory's
+// business, with t.Cleanup; a subtest may close a hub itself first
+// (EventHub.Close is idempotent).
+//
+// Many subtests name exact sequences: they expect a fresh log's first
+// event to get sequence 1, and each stored event the next integer, as the
+// SQLite and PostgreSQL stores do when no append is refused. (The Store
+// contract allows holes; a store that makes them where these subtests do
+// not refuse anything fails them.)
+//
+// Some subtests wait for the clock to move on (created_at and MaxAge have
+// millisecond precision): tens of milliseconds each, bounded.
+package hubtest
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/replayd/replayd"
+)
+
+// opener opens a hub on one log; see Run.
+type opener = func(opts replayd.Options) *replayd.EventHub
+
+// Run runs every subtest of the suite against the hubs newLog makes.
+func Run(t *testing.T, newLog func(t *testing.T) (open func(opts replayd.Options) *replayd.EventHub)) {
+	for _, st := range subtests {
+		t.Run(st.name, func(t *testing.T) { st.fn(t, newLog) })
+	}
+}
+
+// subtests is the suite; each entry's name is the root package test it
+// was, without the Test prefix (PollLongPollWokenThroughTailFromAnotherHub
+// is new: the root's TestPollLongPollWokenThroughTail, with a second hub
+// for the second process).
+var subtests = []struct {
+	name string
+	fn   func(t *testing.T, newLog func(t *testing.T) opener)
+}{
+	// publish.go
+	{"PublishStoresAndReturnsEvent", testPublishStoresAndReturnsEvent},
+	{"PublishRejectsBadInput", testPublishRejectsBadInput},
+	{"PublishIdempotentByEventID", testPublishIdempotentByEventID},
+	{"PublishIdempotentUnderConcurrency", testPublishIdempotentUnderConcurrency},
+	{"ConcurrentPublishOrdering", testConcurrentPublishOrdering},
+	{"SubscribeUnsubscribe", testSubscribeUnsubscribe},
+	{"ReplayScopes", testReplayScopes},
+	// retention.go
+	{"HeadNeverGoesBackwards", testHeadNeverGoesBackwards},
+	{"PruneByAgeBelowOneSecond", testPruneByAgeBelowOneSecond},
+	{"StartRetention", testStartRetention},
+	// tail.go
+	{"TailDeliversOtherWritersExactlyOnce", testTailDeliversOtherWritersExactlyOnce},
+	{"PublishCatchesUpOtherWriters", testPublishCatchesUpOtherWriters},
+	// close.go
+	{"CloseStopsEverything", testCloseStopsEverything},
+	// ready.go
+	{"Ready", testReady},
+	// sse.go
+	{"SSEHeadersAndHead", testSSEHeadersAndHead},
+	{"SSEMethods", testSSEMethods},
+	{"SSEOrigins", testSSEOrigins},
+	{"SSEInvalidTopic", testSSEInvalidTopic},
+	{"SSEFreshClientGetsHelloThenLive", testSSEFreshClientGetsHelloThenLive},
+	{"SSETopicScopes", testSSETopicScopes},
+	{"SSEResumeExact", testSSEResumeExact},
+	{"SSEGapReplayLimit", testSSEGapReplayLimit},
+	{"SSEGapNegativeReplayLimit", testSSEGapNegativeReplayLimit},
+	{"SSEGapPruned", testSSEGapPruned},
+	{"SSEGapUnknownCursor", testSSEGapUnknownCursor},
+	{"SSEGapInvalidCursor", testSSEGapInvalidCursor},
+	{"SSEBadInputTable", testSSEBadInputTable},
+	{"SSEMultiLinePayload", testSSEMultiLinePayload},
+	{"SSERetryAndHeartbeats", testSSERetryAndHeartbeats},
+	{"SSEConcurrentPublishAndConnect", testSSEConcurrentPublishAndConnect},
+	{"SSESlowConsumerDisconnected", testSSESlowConsumerDisconnected},
+	{"SSEOverHTTP2", testSSEOverHTTP2},
+	{"SSEResyncWhenRowsPrunedBeforeLiveDelivery", testSSEResyncWhenRowsPrunedBeforeLiveDelivery},
+	// stream.go
+	{"SSERetryInHelloBlock", testSSERetryInHelloBlock},
+	{"SSELargestFrameFitsDefaultCap", testSSELargestFrameFitsDefaultCap},
+	{"SSEWriterWithoutFlush", testSSEWriterWithoutFlush},
+	// scope.go
+	{"ScopeHelloShape", testScopeHelloShape},
+	{"ScopeUnionReplayExactCounts", testScopeUnionReplayExactCounts},
+	{"ScopePrunedWatermarkOfOneTopic", testScopePrunedWatermarkOfOneTopic},
+	{"ScopeOverlapDeliveredOnce", testScopeOverlapDeliveredOnce},
+	// replay.go
+	{"ReplayMemoryBoundedAndCloseFast", testReplayMemoryBoundedAndCloseFast},
+	// poll.go
+	{"PollAnswerShapeAndHeaders", testPollAnswerShapeAndHeaders},
+	{"PollFreshRequest", testPollFreshRequest},
+	{"PollBadParameters", testPollBadParameters},
+	{"PollPagingAndClamping", testPollPagingAndClamping},
+	{"PollGaps", testPollGaps},
+	{"PollLongPollWokenByPublish", testPollLongPollWokenByPublish},
+	{"PollCloseAnswersWaitingPolls", testPollCloseAnswersWaitingPolls},
+	{"PollAndSSEShareTheCursor", testPollAndSSEShareTheCursor},
+	{"PollLongPollWokenThroughTailFromAnotherHub", testPollLongPollWokenThroughTailFromAnotherHub},
+	{"PollRandomized", testPollRandomized},
+	// admit.go
+	{"SSETopicQueryStrict", testSSETopicQueryStrict},
+	{"SSERevokedContextEndsStream", testSSERevokedContextEndsStream},
+	{"SSEDeniedTopicNeverVisible", testSSEDeniedTopicNeverVisible},
+	// subscribe.go
+	{"SubscribeGapWhenRowsPrunedBeforeLiveDelivery", testSubscribeGapWhenRowsPrunedBeforeLiveDelivery},
+}
+
+// waitFor bounds every wait in the suite.
+const waitFor = 10 * time.Second
+
+// serve starts a real HTTP server for h's handler.
+func serve(t testing.TB, h *replayd.EventHub) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(h.Handler())
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func mustPublish(t testing.TB, h *replayd.EventHub, topic string, payload any, opts ...replayd.PublishOption) replayd.Event {
+	t.Helper()
+	ev, err := h.Publish(context.Background(), topic, payload, opts...)
+	if err != nil {
+		t.Fatalf("publish %q: %v", topic, err)
+	}
+	return ev
+}
+
+// waitUntil polls cond until it holds, failing the test after waitFor.
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitClock waits until the wall clock is d past at (bounded): so that an
+// event created at at is older than any MaxAge below d, on any store (the
+// store takes created_at, not the test).
+func waitClock(t testing.TB, at time.Time, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for time.Since(at) <= d {
+		if time.Now().After(deadline) {
+			t.Fatalf("the clock did not pass %v + %v", at, d)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func i64p(v int64) *int64 { return &v }

@@ -1,0 +1,75 @@
+package hubtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/replayd/replayd"
+)
+
+// Retention through the hub: Prune, StartRetention and the head.
+
+func testHeadNeverGoesBackwards(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	h := open(replayd.Options{})
+	ctx := context.Background()
+	var last replayd.Event
+	for range 5 {
+		last = mustPublish(t, h, "a", 1)
+	}
+	// Once the clock has moved on, retention by age deletes all five.
+	waitClock(t, last.CreatedAt, 20*time.Millisecond)
+	if n, err := h.Prune(ctx, replayd.RetentionPolicy{MaxAge: 5 * time.Millisecond}); err != nil || n != 5 {
+		t.Fatalf("pruned %d, %v", n, err)
+	}
+	head, err := h.LatestSequence(ctx)
+	if err != nil || head != 5 {
+		t.Fatalf("head after pruning everything = %d, %v; want 5", head, err)
+	}
+	if ev := mustPublish(t, h, "a", 1); ev.Sequence != 6 {
+		t.Fatalf("next sequence %d, want 6", ev.Sequence)
+	}
+	// A new hub on the same database starts from the same head.
+	h2 := open(replayd.Options{})
+	if head, _ := h2.LatestSequence(ctx); head != 6 {
+		t.Fatalf("second hub head %d", head)
+	}
+}
+
+func testPruneByAgeBelowOneSecond(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	h := open(replayd.Options{})
+	ctx := context.Background()
+	mustPublish(t, h, "a", 1)
+	// created_at has millisecond precision: 50ms after this row, a 20ms
+	// MaxAge condemns it.
+	time.Sleep(50 * time.Millisecond)
+	if n, err := h.Prune(ctx, replayd.RetentionPolicy{MaxAge: 20 * time.Millisecond}); err != nil || n != 1 {
+		t.Fatalf("pruned %d, %v; want 1", n, err)
+	}
+}
+
+func testStartRetention(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	h := open(replayd.Options{})
+	ctx := context.Background()
+	for i := range 5 {
+		mustPublish(t, h, "a", i)
+	}
+	stop := h.StartRetention(replayd.RetentionPolicy{MaxEvents: 2}, 10*time.Millisecond)
+	defer stop()
+	waitUntil(t, "first scheduled prune", func() bool {
+		evs, _ := h.Replay(ctx, "", 0, 10)
+		return len(evs) == 2
+	})
+	for i := range 3 {
+		mustPublish(t, h, "a", i)
+	}
+	waitUntil(t, "a later scheduled prune", func() bool {
+		evs, _ := h.Replay(ctx, "", 0, 10)
+		return len(evs) == 2 && evs[1].Sequence == 8
+	})
+	stop()
+	stop()
+}
