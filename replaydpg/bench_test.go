@@ -2,6 +2,7 @@ package replaydpg
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -351,4 +352,169 @@ func benchPaired64(b *testing.B, writers int) {
 	b.ReportMetric(tRaw.Seconds()/tGroup.Seconds(), "group/raw64")
 	b.ReportMetric(tBatch.Seconds()/tGroup.Seconds(), "group/batch1000")
 	b.ReportMetric(n/float64(g.batches.Load()), "events/append")
+}
+
+// countingStore is a Store that counts the hub's Appends: how many, how
+// many events, and the time spent inside them (one at a time: the hub has
+// one writer).
+type countingStore struct {
+	*Store
+	appends, events, busy atomic.Int64
+}
+
+func (c *countingStore) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult, error) {
+	start := time.Now()
+	res, err := c.Store.Append(ctx, evs)
+	c.busy.Add(int64(time.Since(start)))
+	c.appends.Add(1)
+	c.events.Add(int64(len(evs)))
+	return res, err
+}
+
+// benchNode is a hub on its own store (its own pool and listener), as
+// another machine's would be, tailing the log so that it sees the other
+// nodes' rows as a deployed node does.
+func benchNode(b *testing.B, prefix string) (*replayd.EventHub, *countingStore) {
+	b.Helper()
+	cs := &countingStore{Store: openPrefix(b, prefix)}
+	h, err := replayd.NewWithStore(cs, replayd.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
+	stop, err := h.StartTail(time.Second, replayd.TailOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(stop)
+	return h, cs
+}
+
+// publishOn runs n publishes spread over benchPublishers goroutines, each
+// goroutine on one of hubs (round robin).
+func publishOn(b *testing.B, n int, hubs ...*replayd.EventHub) {
+	b.Helper()
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	payload := json.RawMessage(`{"n":1}`)
+	for g := range benchPublishers {
+		h := hubs[g%len(hubs)]
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if _, err := h.Publish(context.Background(), "room", payload); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// BenchmarkPairedHub runs rounds of 2,000 events each way, interleaved so
+// that every ratio compares contenders measured at the same moment on this
+// shared machine: 64 goroutines publishing through one hub
+// (replayd.NewWithStore over a Store, the hub's own group-commit writer);
+// the same 64 goroutines spread over two hubs on two stores of one log (2
+// nodes x 32 publishers; both nodes in this process, each with its own
+// pool and listener, and tailing); 64 raw single-row autocommit inserts;
+// and raw 1,000-row inserts. b.N counts rounds. It reports each rate, the
+// ratios SPEC §14's targets name, the events per Append the hub's writer
+// achieved, and the share of the run the one-node writer spent inside
+// Append.
+func BenchmarkPairedHub(b *testing.B) {
+	one, cs1 := benchNode(b, testPrefix(b))
+	prefix2 := testPrefix(b)
+	twoA, csA := benchNode(b, prefix2)
+	twoB, csB := benchNode(b, prefix2)
+	pool := testPoolDSN(b, withPoolSize(testDSN(b), benchPublishers))
+	table := rawTable(b, pool, prefix2)
+	const round = 2000
+	single := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	batch := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
+		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	var tOne, tTwo, tRaw, tBatch time.Duration
+	b.ResetTimer()
+	for r := range b.N {
+		id := func(kind string, i int) string { return fmt.Sprintf("%s%d-%d", kind, r, i) }
+		start := time.Now()
+		publishOn(b, round, one)
+		tOne += time.Since(start)
+		start = time.Now()
+		publishOn(b, round, twoA, twoB)
+		tTwo += time.Since(start)
+		start = time.Now()
+		parallel(b, round, func(i int) error {
+			_, err := pool.Exec(context.Background(), single, id("r", i))
+			return err
+		})
+		tRaw += time.Since(start)
+		start = time.Now()
+		for i := 0; i < round; i += 1000 {
+			ids := make([]string, 1000)
+			for j := range ids {
+				ids[j] = id("b", i+j)
+			}
+			if _, err := pool.Exec(context.Background(), batch, ids); err != nil {
+				b.Fatal(err)
+			}
+		}
+		tBatch += time.Since(start)
+	}
+	n := float64(b.N * round)
+	b.ReportMetric(n/tOne.Seconds(), "hub64/s")
+	b.ReportMetric(n/tTwo.Seconds(), "2x32/s")
+	b.ReportMetric(n/tRaw.Seconds(), "raw64/s")
+	b.ReportMetric(n/tBatch.Seconds(), "batch1000/s")
+	b.ReportMetric(tRaw.Seconds()/tOne.Seconds(), "hub64/raw64")
+	b.ReportMetric(tBatch.Seconds()/tOne.Seconds(), "hub64/batch1000")
+	b.ReportMetric(tOne.Seconds()/tTwo.Seconds(), "2x32/hub64")
+	b.ReportMetric(float64(cs1.events.Load())/float64(cs1.appends.Load()), "events/append")
+	b.ReportMetric(float64(csA.events.Load()+csB.events.Load())/float64(csA.appends.Load()+csB.appends.Load()), "2x32:events/append")
+	b.ReportMetric(time.Duration(cs1.busy.Load()).Seconds()/tOne.Seconds(), "append-busy")
+	b.ReportMetric(float64(cs1.busy.Load())/float64(cs1.appends.Load())/1e3, "µs/append")
+}
+
+// BenchmarkHubPublish64: 64 goroutines publishing through one hub, nothing
+// else (for profiles). b.N counts events.
+func BenchmarkHubPublish64(b *testing.B) {
+	h, cs := benchNode(b, testPrefix(b))
+	b.ResetTimer()
+	start := time.Now()
+	publishOn(b, b.N, h)
+	reportRate(b, start, b.N)
+	b.ReportMetric(float64(cs.events.Load())/float64(cs.appends.Load()), "events/append")
+	b.ReportMetric(float64(cs.busy.Load())/float64(cs.appends.Load())/1e3, "µs/append")
+}
+
+// BenchmarkPairedAppendPaths compares, in interleaved rounds of 2,000
+// events, 64 publishers on a hub whose store takes the usual path
+// (qAppendNew: every event taken for new, one row back) with a hub whose
+// store looks every event id up (qAppend, the path a batch holding a
+// stored id takes, and the only one before). b.N counts rounds.
+func BenchmarkPairedAppendPaths(b *testing.B) {
+	fast, csFast := benchNode(b, testPrefix(b))
+	dedup, csDedup := benchNode(b, testPrefix(b))
+	csDedup.dedupAlways = true
+	const round = 2000
+	var tFast, tDedup time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		publishOn(b, round, fast)
+		tFast += time.Since(start)
+		start = time.Now()
+		publishOn(b, round, dedup)
+		tDedup += time.Since(start)
+	}
+	n := float64(b.N * round)
+	b.ReportMetric(n/tFast.Seconds(), "new/s")
+	b.ReportMetric(n/tDedup.Seconds(), "dedup/s")
+	b.ReportMetric(tDedup.Seconds()/tFast.Seconds(), "new/dedup")
+	b.ReportMetric(float64(csFast.busy.Load())/float64(csFast.appends.Load())/1e3, "new:µs/append")
+	b.ReportMetric(float64(csDedup.busy.Load())/float64(csDedup.appends.Load())/1e3, "dedup:µs/append")
+	b.ReportMetric(float64(csFast.events.Load())/float64(csFast.appends.Load()), "new:events/append")
+	b.ReportMetric(float64(csDedup.events.Load())/float64(csDedup.appends.Load()), "dedup:events/append")
 }

@@ -27,6 +27,10 @@
 //     DSN sets it: every query's plan is pinned by its text (see sql.go), so
 //     planning once per connection is safe and saves about half of a
 //     one-event Append.
+//   - A batch holding an event id that is already stored costs a second
+//     round trip: the first attempt takes every event for new and fails on
+//     the unique constraint (logged by the server as an ERROR), and the
+//     second looks each id up.
 package replaydpg
 
 import (
@@ -36,11 +40,13 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/replayd/replayd"
@@ -83,7 +89,8 @@ type Store struct {
 	channel string
 	q       queries
 
-	noNotify bool // benchmarks only: measures what the NOTIFY costs
+	noNotify    bool // benchmarks only: measures what the NOTIFY costs
+	dedupAlways bool // benchmarks only: every Append looks each event id up (qAppend)
 
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
@@ -98,7 +105,7 @@ type Store struct {
 }
 
 type queries struct {
-	lock, append, head, readAfter, watermark               string
+	lock, appendNew, append, head, readAfter, watermark    string
 	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
 	newestSeqGlobal, newestSeqTopics                       string
 	countGlobal, countTopics, pruneEdges, pruneBatch       string
@@ -138,7 +145,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		listenDone: make(chan struct{}),
 		changed:    make(chan struct{}),
 		q: queries{
-			lock: render(qLock, p), append: render(qAppend, p),
+			lock: render(qLock, p), appendNew: render(qAppendNew, p), append: render(qAppend, p),
 			head: render(qHead, p), readAfter: render(qReadAfter, p), watermark: render(qWatermark, p),
 			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
 			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
@@ -218,8 +225,9 @@ func (s *Store) isClosed() bool {
 // replayd.AppendResult.
 type AppendResult = replayd.AppendResult
 
-// Append stores evs in order, in one transaction and one round trip, and
-// returns one result per event, in the same order. Each stored event gets
+// Append stores evs in order, in one transaction and one round trip (two
+// when an event id is stored already: see sql.go), and returns one result
+// per event, in the same order. Each stored event gets
 // the next sequence, above every sequence ever assigned, and created_at
 // from the server clock, never below the previous batch's. Sequence,
 // CreatedAt and Topic of evs are ignored except Topic ("" is a broadcast).
@@ -244,8 +252,10 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 		idx                  []int // res index of each row sent
 		ids, types, payloads []string
 		topics               []*string
-		first                = map[string]int{} // event id → res index of its first valid occurrence
-		repeats              []int              // res indexes of later occurrences
+		ranks                []int64                          // each row's rank among the batch's rows of its topic
+		counts               = map[string]int64{}             // topic → rows of it so far
+		first                = make(map[string]int, len(evs)) // event id → res index of its first valid occurrence
+		repeats              []int                            // res indexes of later occurrences
 	)
 	for i, ev := range evs {
 		res[i].Event = ev
@@ -267,16 +277,77 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 			topic = &evs[i].Topic
 		}
 		topics = append(topics, topic)
+		counts[ev.Topic]++
+		ranks = append(ranks, counts[ev.Topic])
 	}
 	if len(idx) == 0 {
 		return res, nil
 	}
-	b := &pgx.Batch{}
-	b.Queue(s.q.lock)
 	channel := s.channel
 	if s.noNotify {
 		channel = ""
 	}
+	var err error
+	if !s.dedupAlways {
+		err = s.appendNew(ctx, res, idx, ids, types, topics, payloads, ranks, channel)
+	}
+	if s.dedupAlways || isStoredID(err) {
+		// An event id is stored already: nothing was, try again looking
+		// each one up.
+		err = s.appendDedup(ctx, res, idx, ids, types, topics, payloads, channel)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replaydpg: append: %w", err)
+	}
+	for _, i := range repeats {
+		res[i].Event, res[i].Duplicate = res[first[evs[i].EventID]].Event, true
+	}
+	return res, nil
+}
+
+// isStoredID reports whether err is qAppendNew's failure on an event id
+// that is already stored.
+func isStoredID(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" && strings.HasSuffix(pe.ConstraintName, "events_event_id_key")
+}
+
+// appendNew sends the rows as new (qAppendNew) and fills in res[idx[k]]'s
+// sequence and created_at. It fails on an event id that is stored already
+// (see isStoredID), having stored nothing.
+func (s *Store) appendNew(ctx context.Context, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, ranks []int64, channel string) error {
+	b := &pgx.Batch{}
+	b.Queue(s.q.lock)
+	b.Queue(s.q.appendNew, ids, types, topics, payloads, channel, ranks)
+	br := s.pool.SendBatch(ctx, b)
+	var (
+		seq0      int64
+		createdAt time.Time
+		notified  bool
+	)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&seq0, &createdAt, &notified)
+	}
+	// Close reads the commit's answer: only after it is the batch stored.
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	for k, i := range idx {
+		res[i].Event.Sequence, res[i].Event.CreatedAt = seq0+int64(k)+1, createdAt
+	}
+	return nil
+}
+
+// appendDedup sends the rows with qAppend, which stores only those whose
+// event id is not stored yet, and fills in res[idx[k]]: the sequence and
+// created_at of a stored row, the stored original of a duplicate.
+func (s *Store) appendDedup(ctx context.Context, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, channel string) error {
+	b := &pgx.Batch{}
+	b.Queue(s.q.lock)
 	b.Queue(s.q.append, ids, types, topics, payloads, channel)
 	br := s.pool.SendBatch(ctx, b)
 	err := func() error {
@@ -327,13 +398,7 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return nil, fmt.Errorf("replaydpg: append: %w", err)
-	}
-	for _, i := range repeats {
-		res[i].Event, res[i].Duplicate = res[first[evs[i].EventID]].Event, true
-	}
-	return res, nil
+	return err
 }
 
 // checkText refuses what a PostgreSQL text column would: invalid UTF-8 and
