@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -517,4 +519,108 @@ func BenchmarkPairedAppendPaths(b *testing.B) {
 	b.ReportMetric(float64(csDedup.busy.Load())/float64(csDedup.appends.Load())/1e3, "dedup:µs/append")
 	b.ReportMetric(float64(csFast.events.Load())/float64(csFast.appends.Load()), "new:events/append")
 	b.ReportMetric(float64(csDedup.events.Load())/float64(csDedup.appends.Load()), "dedup:events/append")
+}
+
+// Handshakes on a million-row log (SPEC §14: the same bound as SQLite's,
+// BENCHMARKS.md "Handshake from cursor 0 against near the head": from
+// cursor 0 within 2x of near the head).
+const (
+	handshakeRows   = 1_000_000
+	handshakeTopics = 100
+)
+
+// handshakeFixture fills a fresh log with handshakeRows rows shaped like
+// the SQLite benchmarks' fixture (100 topics, every 101st row a broadcast,
+// payloads the size of the root package's benchPayload), in one
+// INSERT ... SELECT FROM generate_series with the ordinals Append would
+// have given them, then VACUUM ANALYZE, as autovacuum would do on a log
+// that size. It logs the time taken.
+func handshakeFixture(b *testing.B) *Store {
+	b.Helper()
+	s, prefix := openTestStore(b)
+	ctx := context.Background()
+	start := time.Now()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	for _, q := range []string{
+		`SET synchronous_commit = off`,
+		render(`INSERT INTO %[1]sevents (sequence, event_id, type, topic, payload, created_at, topic_ord, global_ord)
+			SELECT x, lpad(to_hex(x), 16, '0') || '-0000-7000-8000-bench', 'message', topic,
+				'{"n":' || x || ',"pad":"' || repeat('x', 150) || '"}',
+				'2026-01-01'::timestamptz + x * interval '1 millisecond',
+				row_number() OVER (PARTITION BY topic ORDER BY x), x
+			FROM (SELECT x, CASE WHEN x % 101 = 0 THEN NULL ELSE 'topic-' || lpad((x % $2)::text, 2, '0') END AS topic
+				FROM generate_series(1, $1::bigint) AS x) r
+			ORDER BY x`, prefix),
+		render(`UPDATE %[1]shead SET seq = $1::bigint, ord = $1::bigint, created_at = '2026-01-01'::timestamptz + $1::bigint * interval '1 millisecond'`, prefix),
+		`RESET synchronous_commit`,
+		render(`VACUUM ANALYZE %[1]sevents`, prefix),
+	} {
+		var args []any
+		switch {
+		case strings.Contains(q, "$2"):
+			args = []any{int64(handshakeRows), handshakeTopics}
+		case strings.Contains(q, "$1"):
+			args = []any{int64(handshakeRows)}
+		}
+		if _, err := conn.Exec(ctx, q, args...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("fixture: %d rows over %d topics, built in %v", handshakeRows, handshakeTopics, time.Since(start).Round(time.Millisecond))
+	return s
+}
+
+// BenchmarkHandshake1M times the store's Handshake (head, watermark,
+// replay window of 100 and skipped count, in one snapshot and one round
+// trip) and Window (what the hub reads before a replay) on a million rows,
+// from cursor 0 and from ~20,000 below the head, in the global scope and a
+// topic's, as BenchmarkHandshake does for SQLite.
+func BenchmarkHandshake1M(b *testing.B) {
+	s := handshakeFixture(b)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, read := range []string{"Handshake", "Window"} {
+		for _, scope := range []string{"global", "topic"} {
+			for _, from := range []string{"cursor0", "nearHead"} {
+				b.Run(read+"/"+scope+"/"+from, func(b *testing.B) {
+					for b.Loop() {
+						var topics []string
+						if scope == "topic" {
+							topics = []string{fmt.Sprintf("topic-%02d", rng.IntN(handshakeTopics))}
+						}
+						cursor := int64(0)
+						if from == "nearHead" {
+							cursor = handshakeRows - 20_000 - rng.Int64N(1000)
+						}
+						var skipped int64
+						switch read {
+						case "Handshake":
+							hs, err := s.Handshake(ctx, topics, cursor, 100)
+							if err != nil {
+								b.Fatal(err)
+							}
+							if len(hs.Replay) != 100 {
+								b.Fatalf("replayed %d events, want 100", len(hs.Replay))
+							}
+							skipped = hs.SkippedCount
+						default:
+							w, err := s.Window(ctx, topics, cursor, 100)
+							if err != nil {
+								b.Fatal(err)
+							}
+							skipped = w.Skipped.Count
+						}
+						if skipped == 0 {
+							b.Fatal("nothing skipped: the cursor is too near the head")
+						}
+					}
+					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "handshakes/s")
+				})
+			}
+		}
+	}
 }
