@@ -378,17 +378,24 @@ func (c *countingStore) Append(ctx context.Context, evs []replayd.Event) ([]Appe
 // nodes' rows as a deployed node does.
 func benchNode(b *testing.B, prefix string) (*replayd.EventHub, *countingStore) {
 	b.Helper()
+	h, cs := benchHub(b, prefix)
+	stop, err := h.StartTail(time.Second, replayd.TailOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(stop)
+	return h, cs
+}
+
+// benchHub is a hub on its own store that does not tail: a lone node.
+func benchHub(b *testing.B, prefix string) (*replayd.EventHub, *countingStore) {
+	b.Helper()
 	cs := &countingStore{Store: openPrefix(b, prefix)}
 	h, err := replayd.NewWithStore(cs, replayd.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { h.Close() })
-	stop, err := h.StartTail(time.Second, replayd.TailOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(stop)
 	return h, cs
 }
 
@@ -418,14 +425,16 @@ func publishOn(b *testing.B, n int, hubs ...*replayd.EventHub) {
 // BenchmarkPairedHub runs rounds of 2,000 events each way, interleaved so
 // that every ratio compares contenders measured at the same moment on this
 // shared machine: 64 goroutines publishing through one hub
-// (replayd.NewWithStore over a Store, the hub's own group-commit writer);
-// the same 64 goroutines spread over two hubs on two stores of one log (2
-// nodes x 32 publishers; both nodes in this process, each with its own
-// pool and listener, and tailing); 64 raw single-row autocommit inserts;
-// and raw 1,000-row inserts. b.N counts rounds. It reports each rate, the
-// ratios SPEC §14's targets name, the events per Append the hub's writer
-// achieved, and the share of the run the one-node writer spent inside
-// Append.
+// (replayd.NewWithStore, the hub's own group-commit writer; the hub tails,
+// as a node of a cluster does); the same 64 goroutines spread over two
+// hubs on two stores of one log (2 nodes x 32 publishers; both nodes in
+// this process, each with its own pool and listener, both tailing); 64 raw
+// single-row autocommit inserts; raw 1,000-row inserts; and, to tell the
+// statement's cost from the batch size's, the store's Append with 1,000
+// events per call. b.N counts rounds. It reports each rate, the ratios
+// SPEC §14's targets name, the events per Append the hubs' writers
+// achieved, and the share of the run, and the mean time, the one-node
+// writer spent inside Append.
 func BenchmarkPairedHub(b *testing.B) {
 	one, cs1 := benchNode(b, testPrefix(b))
 	prefix2 := testPrefix(b)
@@ -437,7 +446,8 @@ func BenchmarkPairedHub(b *testing.B) {
 	single := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
 	batch := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
 		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
-	var tOne, tTwo, tRaw, tBatch time.Duration
+	store := openPrefix(b, testPrefix(b))
+	var tOne, tTwo, tRaw, tBatch, tAppend time.Duration
 	b.ResetTimer()
 	for r := range b.N {
 		id := func(kind string, i int) string { return fmt.Sprintf("%s%d-%d", kind, r, i) }
@@ -464,8 +474,20 @@ func BenchmarkPairedHub(b *testing.B) {
 			}
 		}
 		tBatch += time.Since(start)
+		start = time.Now()
+		for i := 0; i < round; i += 1000 {
+			evs := make([]replayd.Event, 1000)
+			for j := range evs {
+				evs[j] = ev(id("a", i+j), "room", `{"n":1}`)
+			}
+			if _, err := store.Append(context.Background(), evs); err != nil {
+				b.Fatal(err)
+			}
+		}
+		tAppend += time.Since(start)
 	}
 	n := float64(b.N * round)
+	b.ReportMetric(tBatch.Seconds()/tAppend.Seconds(), "append1000/batch1000")
 	b.ReportMetric(n/tOne.Seconds(), "hub64/s")
 	b.ReportMetric(n/tTwo.Seconds(), "2x32/s")
 	b.ReportMetric(n/tRaw.Seconds(), "raw64/s")
