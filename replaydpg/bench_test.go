@@ -15,14 +15,21 @@ import (
 	"github.com/replayd/replayd"
 )
 
-// The benchmarks compare Append with raw ceilings on the same server: a
-// single-row autocommit insert into a table of the same shape (identity
-// column, unique event id, (topic, sequence) index), one at a time, from
-// 64 goroutines, and 1,000 rows per statement. Measure with fsync on (see
-// README.md):
+// The benchmarks compare Append, and the hub publishing through it, with
+// raw ceilings on the same server: a single-row autocommit insert into a
+// table of the same shape (identity column, unique event id, (topic,
+// sequence) index), one at a time, from 64 goroutines, and 1,000 rows per
+// statement. The machine they were written on is shared, so the Paired*
+// ones interleave their contenders in short rounds and report ratios.
+// Measure with fsync on (BENCHMARKS.md, "Issue 11: PostgreSQL", has the
+// figures):
 //
 //	REPLAYD_PG_FSYNC=1 source .ci/pg.sh
-//	cd replaydpg && go test -run '^$' -bench . -benchtime 3s
+//	cd replaydpg
+//	go test -run '^$' -bench 'PairedHub$' -benchtime 10x -count 3
+//	go test -run '^$' -bench PairedSerial -benchtime 2000x -count 3
+//	go test -run '^$' -bench CrossNodeLatency -benchtime 1000x -count 3
+//	go test -run '^$' -bench Handshake1M -benchtime 1s -v
 
 const benchPublishers = 64
 
