@@ -43,7 +43,6 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -236,10 +235,10 @@ type AppendResult = replayd.AppendResult
 
 // Append stores evs in order, in one transaction and one round trip (two
 // when an event id is stored already: see sql.go), and returns one result
-// per event, in the same order. Each stored event gets
-// the next sequence, above every sequence ever assigned, and created_at
-// from the server clock, never below the previous batch's. Sequence,
-// CreatedAt and Topic of evs are ignored except Topic ("" is a broadcast).
+// per event, in the same order. Each stored event gets the next sequence,
+// above every sequence ever assigned, and created_at from the server
+// clock, never below the previous batch's. Sequence, CreatedAt and Topic
+// of evs are ignored except Topic ("" is a broadcast).
 //
 // On return without error the batch is committed (durable as far as the
 // server's synchronous_commit makes it) and visible to every reader, and
@@ -300,7 +299,7 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	if !s.dedupAlways {
 		err = s.appendNew(ctx, res, idx, ids, types, topics, payloads, ranks, channel)
 	}
-	if s.dedupAlways || isStoredID(err) {
+	if s.dedupAlways || s.isStoredID(err) {
 		// An event id is stored already: nothing was, try again looking
 		// each one up.
 		err = s.appendDedup(ctx, res, idx, ids, types, topics, payloads, channel)
@@ -315,10 +314,10 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 }
 
 // isStoredID reports whether err is qAppendNew's failure on an event id
-// that is already stored.
-func isStoredID(err error) bool {
+// that is already stored: a unique violation of the event id constraint.
+func (s *Store) isStoredID(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23505" && strings.HasSuffix(pe.ConstraintName, "events_event_id_key")
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == s.prefix+"events_event_id_key"
 }
 
 // appendNew sends the rows as new (qAppendNew) and fills in res[idx[k]]'s
