@@ -2,7 +2,10 @@ package replaydpg
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,14 +15,21 @@ import (
 	"github.com/replayd/replayd"
 )
 
-// The benchmarks compare Append with raw ceilings on the same server: a
-// single-row autocommit insert into a table of the same shape (identity
-// column, unique event id, (topic, sequence) index), one at a time, from
-// 64 goroutines, and 1,000 rows per statement. Measure with fsync on (see
-// README.md):
+// The benchmarks compare Append, and the hub publishing through it, with
+// raw ceilings on the same server: a single-row autocommit insert into a
+// table of the same shape (identity column, unique event id, (topic,
+// sequence) index), one at a time, from 64 goroutines, and 1,000 rows per
+// statement. The machine they were written on is shared, so the Paired*
+// ones interleave their contenders in short rounds and report ratios.
+// Measure with fsync on (BENCHMARKS.md, "Issue 11: PostgreSQL", has the
+// figures):
 //
 //	REPLAYD_PG_FSYNC=1 source .ci/pg.sh
-//	cd replaydpg && go test -run '^$' -bench . -benchtime 3s
+//	cd replaydpg
+//	go test -run '^$' -bench 'PairedHub$' -benchtime 10x -count 3
+//	go test -run '^$' -bench PairedSerial -benchtime 2000x -count 3
+//	go test -run '^$' -bench CrossNodeLatency -benchtime 1000x -count 3
+//	go test -run '^$' -bench Handshake1M -benchtime 1s -v
 
 const benchPublishers = 64
 
@@ -351,4 +361,302 @@ func benchPaired64(b *testing.B, writers int) {
 	b.ReportMetric(tRaw.Seconds()/tGroup.Seconds(), "group/raw64")
 	b.ReportMetric(tBatch.Seconds()/tGroup.Seconds(), "group/batch1000")
 	b.ReportMetric(n/float64(g.batches.Load()), "events/append")
+}
+
+// countingStore is a Store that counts the hub's Appends: how many, how
+// many events, and the time spent inside them (one at a time: the hub has
+// one writer).
+type countingStore struct {
+	*Store
+	appends, events, busy atomic.Int64
+}
+
+func (c *countingStore) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult, error) {
+	start := time.Now()
+	res, err := c.Store.Append(ctx, evs)
+	c.busy.Add(int64(time.Since(start)))
+	c.appends.Add(1)
+	c.events.Add(int64(len(evs)))
+	return res, err
+}
+
+// benchNode is a hub on its own store (its own pool and listener), as
+// another machine's would be, tailing the log so that it sees the other
+// nodes' rows as a deployed node does.
+func benchNode(b *testing.B, prefix string) (*replayd.EventHub, *countingStore) {
+	b.Helper()
+	h, cs := benchHub(b, prefix)
+	stop, err := h.StartTail(time.Second, replayd.TailOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(stop)
+	return h, cs
+}
+
+// benchHub is a hub on its own store that does not tail: a lone node.
+func benchHub(b *testing.B, prefix string) (*replayd.EventHub, *countingStore) {
+	b.Helper()
+	cs := &countingStore{Store: openPrefix(b, prefix)}
+	h, err := replayd.NewWithStore(cs, replayd.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
+	return h, cs
+}
+
+// publishOn runs n publishes spread over benchPublishers goroutines, each
+// goroutine on one of hubs (round robin).
+func publishOn(b *testing.B, n int, hubs ...*replayd.EventHub) {
+	b.Helper()
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	payload := json.RawMessage(`{"n":1}`)
+	for g := range benchPublishers {
+		h := hubs[g%len(hubs)]
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if _, err := h.Publish(context.Background(), "room", payload); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// BenchmarkPairedHub runs rounds of 2,000 events each way, interleaved so
+// that every ratio compares contenders measured at the same moment on this
+// shared machine: 64 goroutines publishing through one hub
+// (replayd.NewWithStore, the hub's own group-commit writer; the hub tails,
+// as a node of a cluster does); the same 64 goroutines spread over two
+// hubs on two stores of one log (2 nodes x 32 publishers; both nodes in
+// this process, each with its own pool and listener, both tailing); 64 raw
+// single-row autocommit inserts; raw 1,000-row inserts; and, to tell the
+// statement's cost from the batch size's, the store's Append with 1,000
+// events per call. b.N counts rounds. It reports each rate, the ratios
+// SPEC §14's targets name, the events per Append the hubs' writers
+// achieved, and the share of the run, and the mean time, the one-node
+// writer spent inside Append.
+func BenchmarkPairedHub(b *testing.B) {
+	one, cs1 := benchNode(b, testPrefix(b))
+	prefix2 := testPrefix(b)
+	twoA, csA := benchNode(b, prefix2)
+	twoB, csB := benchNode(b, prefix2)
+	pool := testPoolDSN(b, withPoolSize(testDSN(b), benchPublishers))
+	table := rawTable(b, pool, prefix2)
+	const round = 2000
+	single := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	batch := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
+		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	store := openPrefix(b, testPrefix(b))
+	var tOne, tTwo, tRaw, tBatch, tAppend time.Duration
+	b.ResetTimer()
+	for r := range b.N {
+		id := func(kind string, i int) string { return fmt.Sprintf("%s%d-%d", kind, r, i) }
+		start := time.Now()
+		publishOn(b, round, one)
+		tOne += time.Since(start)
+		start = time.Now()
+		publishOn(b, round, twoA, twoB)
+		tTwo += time.Since(start)
+		start = time.Now()
+		parallel(b, round, func(i int) error {
+			_, err := pool.Exec(context.Background(), single, id("r", i))
+			return err
+		})
+		tRaw += time.Since(start)
+		start = time.Now()
+		for i := 0; i < round; i += 1000 {
+			ids := make([]string, 1000)
+			for j := range ids {
+				ids[j] = id("b", i+j)
+			}
+			if _, err := pool.Exec(context.Background(), batch, ids); err != nil {
+				b.Fatal(err)
+			}
+		}
+		tBatch += time.Since(start)
+		start = time.Now()
+		for i := 0; i < round; i += 1000 {
+			evs := make([]replayd.Event, 1000)
+			for j := range evs {
+				evs[j] = ev(id("a", i+j), "room", `{"n":1}`)
+			}
+			if _, err := store.Append(context.Background(), evs); err != nil {
+				b.Fatal(err)
+			}
+		}
+		tAppend += time.Since(start)
+	}
+	n := float64(b.N * round)
+	b.ReportMetric(tBatch.Seconds()/tAppend.Seconds(), "append1000/batch1000")
+	b.ReportMetric(n/tOne.Seconds(), "hub64/s")
+	b.ReportMetric(n/tTwo.Seconds(), "2x32/s")
+	b.ReportMetric(n/tRaw.Seconds(), "raw64/s")
+	b.ReportMetric(n/tBatch.Seconds(), "batch1000/s")
+	b.ReportMetric(tRaw.Seconds()/tOne.Seconds(), "hub64/raw64")
+	b.ReportMetric(tBatch.Seconds()/tOne.Seconds(), "hub64/batch1000")
+	b.ReportMetric(tOne.Seconds()/tTwo.Seconds(), "2x32/hub64")
+	b.ReportMetric(float64(cs1.events.Load())/float64(cs1.appends.Load()), "events/append")
+	b.ReportMetric(float64(csA.events.Load()+csB.events.Load())/float64(csA.appends.Load()+csB.appends.Load()), "2x32:events/append")
+	b.ReportMetric(time.Duration(cs1.busy.Load()).Seconds()/tOne.Seconds(), "append-busy")
+	b.ReportMetric(float64(cs1.busy.Load())/float64(cs1.appends.Load())/1e3, "µs/append")
+}
+
+// BenchmarkHubPublish64: 64 goroutines publishing through one hub, nothing
+// else (for profiles). b.N counts events.
+func BenchmarkHubPublish64(b *testing.B) {
+	h, cs := benchNode(b, testPrefix(b))
+	b.ResetTimer()
+	start := time.Now()
+	publishOn(b, b.N, h)
+	reportRate(b, start, b.N)
+	b.ReportMetric(float64(cs.events.Load())/float64(cs.appends.Load()), "events/append")
+	b.ReportMetric(float64(cs.busy.Load())/float64(cs.appends.Load())/1e3, "µs/append")
+}
+
+// BenchmarkPairedAppendPaths compares, in interleaved rounds of 2,000
+// events, 64 publishers on a hub whose store takes the usual path
+// (qAppendNew: every event taken for new, one row back) with a hub whose
+// store looks every event id up (qAppend, the path a batch holding a
+// stored id takes, and the only one before). b.N counts rounds.
+func BenchmarkPairedAppendPaths(b *testing.B) {
+	fast, csFast := benchNode(b, testPrefix(b))
+	dedup, csDedup := benchNode(b, testPrefix(b))
+	csDedup.dedupAlways = true
+	const round = 2000
+	var tFast, tDedup time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		publishOn(b, round, fast)
+		tFast += time.Since(start)
+		start = time.Now()
+		publishOn(b, round, dedup)
+		tDedup += time.Since(start)
+	}
+	n := float64(b.N * round)
+	b.ReportMetric(n/tFast.Seconds(), "new/s")
+	b.ReportMetric(n/tDedup.Seconds(), "dedup/s")
+	b.ReportMetric(tDedup.Seconds()/tFast.Seconds(), "new/dedup")
+	b.ReportMetric(float64(csFast.busy.Load())/float64(csFast.appends.Load())/1e3, "new:µs/append")
+	b.ReportMetric(float64(csDedup.busy.Load())/float64(csDedup.appends.Load())/1e3, "dedup:µs/append")
+	b.ReportMetric(float64(csFast.events.Load())/float64(csFast.appends.Load()), "new:events/append")
+	b.ReportMetric(float64(csDedup.events.Load())/float64(csDedup.appends.Load()), "dedup:events/append")
+}
+
+// Handshakes on a million-row log (SPEC §14: the same bound as SQLite's,
+// BENCHMARKS.md "Handshake from cursor 0 against near the head": from
+// cursor 0 within 2x of near the head).
+const (
+	handshakeRows   = 1_000_000
+	handshakeTopics = 100
+)
+
+// handshakeFixture fills a fresh log with handshakeRows rows shaped like
+// the SQLite benchmarks' fixture (100 topics, every 101st row a broadcast,
+// payloads the size of the root package's benchPayload), in one
+// INSERT ... SELECT FROM generate_series with the ordinals Append would
+// have given them, then VACUUM ANALYZE, as autovacuum would do on a log
+// that size. It logs the time taken.
+func handshakeFixture(b *testing.B) *Store {
+	b.Helper()
+	s, prefix := openTestStore(b)
+	ctx := context.Background()
+	start := time.Now()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	for _, q := range []string{
+		`SET synchronous_commit = off`,
+		render(`INSERT INTO %[1]sevents (sequence, event_id, type, topic, payload, created_at, topic_ord, global_ord)
+			SELECT x, lpad(to_hex(x), 16, '0') || '-0000-7000-8000-bench', 'message', topic,
+				'{"n":' || x || ',"pad":"' || repeat('x', 150) || '"}',
+				'2026-01-01'::timestamptz + x * interval '1 millisecond',
+				row_number() OVER (PARTITION BY topic ORDER BY x), x
+			FROM (SELECT x, CASE WHEN x % 101 = 0 THEN NULL ELSE 'topic-' || lpad((x % $2)::text, 2, '0') END AS topic
+				FROM generate_series(1, $1::bigint) AS x) r
+			ORDER BY x`, prefix),
+		render(`UPDATE %[1]shead SET seq = $1::bigint, ord = $1::bigint, created_at = '2026-01-01'::timestamptz + $1::bigint * interval '1 millisecond'`, prefix),
+		`RESET synchronous_commit`,
+		render(`VACUUM ANALYZE %[1]sevents`, prefix),
+	} {
+		var args []any
+		switch {
+		case strings.Contains(q, "$2"):
+			args = []any{int64(handshakeRows), handshakeTopics}
+		case strings.Contains(q, "$1"):
+			args = []any{int64(handshakeRows)}
+		}
+		if _, err := conn.Exec(ctx, q, args...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("fixture: %d rows over %d topics, built in %v", handshakeRows, handshakeTopics, time.Since(start).Round(time.Millisecond))
+	return s
+}
+
+// BenchmarkHandshake1M times the store's Handshake (head, watermark,
+// replay window of 100 and skipped count, in one snapshot and one round
+// trip) and Window (what the hub reads before a replay) on a million rows,
+// in the global scope and a random topic's, as BenchmarkHandshake does for
+// SQLite. Each iteration reads once from cursor 0 and once from ~20,000
+// below the head, so the ratio compares reads made at the same moment;
+// b.N counts pairs.
+func BenchmarkHandshake1M(b *testing.B) {
+	s := handshakeFixture(b)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, read := range []string{"Handshake", "Window"} {
+		for _, scope := range []string{"global", "topic"} {
+			b.Run(read+"/"+scope, func(b *testing.B) {
+				var took [2]time.Duration
+				for b.Loop() {
+					for i, near := range []bool{false, true} {
+						var topics []string
+						if scope == "topic" {
+							topics = []string{fmt.Sprintf("topic-%02d", rng.IntN(handshakeTopics))}
+						}
+						cursor := int64(0)
+						if near {
+							cursor = handshakeRows - 20_000 - rng.Int64N(1000)
+						}
+						start := time.Now()
+						var skipped int64
+						switch read {
+						case "Handshake":
+							hs, err := s.Handshake(ctx, topics, cursor, 100)
+							if err != nil {
+								b.Fatal(err)
+							}
+							if len(hs.Replay) != 100 {
+								b.Fatalf("replayed %d events, want 100", len(hs.Replay))
+							}
+							skipped = hs.SkippedCount
+						default:
+							w, err := s.Window(ctx, topics, cursor, 100)
+							if err != nil {
+								b.Fatal(err)
+							}
+							skipped = w.Skipped.Count
+						}
+						took[i] += time.Since(start)
+						if skipped == 0 {
+							b.Fatal("nothing skipped: the cursor is too near the head")
+						}
+					}
+				}
+				b.ReportMetric(float64(b.N)/took[0].Seconds(), "cursor0/s")
+				b.ReportMetric(float64(b.N)/took[1].Seconds(), "nearHead/s")
+				b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "cursor0/nearHead")
+			})
+		}
+	}
 }

@@ -3,6 +3,7 @@ package replaydpg
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -114,5 +115,44 @@ func TestQueryPlans(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestNoJIT: the store's sessions do not JIT-compile. The generic plan of a
+// topic read estimates a tenth of the table for its LIMIT parameter, so on
+// a log of a million rows its cost passes jit_above_cost and every
+// execution spent 3-7 ms compiling (BenchmarkHandshake1M: a topic
+// handshake cost ~7 ms against ~0.2 ms for the global scope). The test
+// lowers jit_above_cost to 0 on one of the pool's sessions instead of
+// building a million rows.
+func TestNoJIT(t *testing.T) {
+	t.Parallel()
+	s, _ := openTestStore(t)
+	ctx := testCtx(t, 30*time.Second)
+	appendN(t, s, 10, []string{"a", ""}, "j")
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// pg_jit_available is false where jit is off: ask a session of a
+	// plain pool.
+	var available bool
+	if err := testPool(t).QueryRow(ctx, "SELECT pg_jit_available()").Scan(&available); err != nil {
+		t.Fatal(err)
+	}
+	if !available {
+		t.Skip("this server has no JIT")
+	}
+	if _, err := conn.Exec(ctx, "SET jit_above_cost = 0"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "RESET jit_above_cost")
+	var out string
+	if err := conn.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+s.q.newestTopics, []string{"a"}, int64(0), 11).Scan(&out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, `"JIT"`) {
+		t.Fatalf("the read was JIT-compiled:\n%s", out)
 	}
 }

@@ -70,8 +70,46 @@ const eventColumns = `e.sequence, e.event_id, e.type, e.topic, e.payload, e.crea
 // lock and reads the table (for duplicates, for the previous ordinals)
 // would read stale rows. The lock is released at commit, after the commit
 // is visible, so commit order, visibility order and sequence order agree.
+//
+// Append first sends qAppendNew, which takes every event for new; if one of
+// the event ids is already stored, its INSERT fails on the unique
+// constraint, the whole transaction rolls back (the head with it), and
+// Append sends the batch again with qAppend, which looks each id up and
+// stores only the new ones. Retried publishes are rare; looking up every
+// id, numbering the survivors with window functions and returning a row
+// per event cost about half of a 64-event batch on the server
+// (BENCHMARKS.md, "PostgreSQL").
 const (
 	qLock = `SELECT 1 FROM %[1]shead WHERE id = 1 FOR UPDATE`
+
+	// $1..$4: event ids (distinct: Append drops repeats within the batch),
+	// types, topics (NULL: broadcast), payloads; $5 the NOTIFY channel
+	// (empty: none); $6 each event's rank, from 1, among the batch's events
+	// of its topic (broadcasts are a topic of their own). Every event is
+	// stored: the i-th (from 1) gets sequence seq0+i and global ordinal
+	// ord0+i, and the topic ordinal after its topic's newest row's plus its
+	// rank. It returns one row: seq0 and the batch's created_at.
+	qAppendNew = `WITH h AS (
+		UPDATE %[1]shead SET seq = seq + cardinality($1::text[]), ord = ord + cardinality($1::text[]),
+			created_at = greatest(created_at, clock_timestamp())
+		WHERE id = 1
+		RETURNING seq - cardinality($1::text[]) AS seq0, ord - cardinality($1::text[]) AS ord0, created_at
+	), tb AS MATERIALIZED (
+		SELECT coalesce(d.topic, '') AS topic, coalesce(CASE WHEN d.topic IS NULL
+			THEN (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
+			ELSE (SELECT e.topic_ord FROM %[1]sevents e WHERE (e.topic, e.sequence) > (d.topic, 0) AND (e.topic, e.sequence) <= (d.topic, 9223372036854775807)
+				ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
+		END, 0) AS ord0
+		FROM (SELECT DISTINCT topic FROM unnest($3::text[]) AS t(topic)) d
+	), ins AS (
+		INSERT INTO %[1]sevents (sequence, event_id, type, topic, payload, created_at, topic_ord, global_ord)
+		SELECT h.seq0 + u.i, u.event_id, u.type, u.topic, u.payload, h.created_at, tb.ord0 + u.t, h.ord0 + u.i
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $6::bigint[]) WITH ORDINALITY AS u(event_id, type, topic, payload, t, i)
+		CROSS JOIN h JOIN tb ON tb.topic = coalesce(u.topic, '')
+	)
+	SELECT h.seq0, h.created_at,
+		CASE WHEN $5::text <> '' THEN pg_notify($5, (h.seq0 + cardinality($1::text[]))::text) END IS NULL
+	FROM h`
 
 	// $1..$4: event ids (distinct: Append drops repeats within the batch),
 	// types, topics (NULL: broadcast), payloads; $5 the NOTIFY channel

@@ -26,10 +26,19 @@
 //   - The pool's sessions use plan_cache_mode=force_generic_plan unless the
 //     DSN sets it: every query's plan is pinned by its text (see sql.go), so
 //     planning once per connection is safe and saves about half of a
-//     one-event Append. It is set with SET when a connection opens, not as
-//     a startup parameter, which PgBouncer refuses ("unsupported startup
-//     parameter"); with WithTransactionPooling it is not set at all (a SET
-//     would stay on a server connection other clients then use).
+//     one-event Append.
+//   - The pool's sessions use jit=off unless the DSN sets it: generic
+//     plans of topic reads on a million rows passed jit_above_cost and spent
+//     3-7 ms compiling each execution of a 0.2 ms read.
+//   - Both are set with SET when a connection opens, not as startup
+//     parameters, which PgBouncer refuses ("unsupported startup
+//     parameter"); with WithTransactionPooling neither is set (a SET would
+//     stay on a server connection other clients then use): set jit = off
+//     for the role or database there (ALTER ROLE … SET jit = off).
+//   - A batch holding an event id that is already stored costs a second
+//     round trip: the first attempt takes every event for new and fails on
+//     the unique constraint (logged by the server as an ERROR), and the
+//     second looks each id up.
 //
 // Behind a connection pooler: in session pooling (PgBouncer pool_mode =
 // session) Open needs nothing more. In transaction pooling the store's own
@@ -120,7 +129,8 @@ type Store struct {
 	channel string
 	q       queries
 
-	noNotify bool // benchmarks only: measures what the NOTIFY costs
+	noNotify    bool // benchmarks only: measures what the NOTIFY costs
+	dedupAlways bool // benchmarks only: every Append looks each event id up (qAppend)
 
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
@@ -135,7 +145,7 @@ type Store struct {
 }
 
 type queries struct {
-	lock, append, head, readAfter, watermark               string
+	lock, appendNew, append, head, readAfter, watermark    string
 	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
 	newestSeqGlobal, newestSeqTopics                       string
 	countGlobal, countTopics, pruneEdges, pruneBatch       string
@@ -172,14 +182,31 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		if !dsnSets(dsn, "default_query_exec_mode") {
 			pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 		}
-	} else if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
-		// Every query's plan is fixed by its text (see sql.go): plan once
-		// per connection, not once per call. Planning the append statement
-		// costs about as much as running it for one event. A SET, not a
-		// startup parameter: PgBouncer refuses unknown startup parameters.
-		pcfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-			_, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
-			return err
+	} else {
+		// SETs, not startup parameters: PgBouncer refuses unknown startup
+		// parameters.
+		var sets []string
+		if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
+			// Every query's plan is fixed by its text (see sql.go): plan
+			// once per connection, not once per call. Planning the append
+			// statement costs about as much as running it for one event.
+			sets = append(sets, "SET plan_cache_mode = force_generic_plan")
+		}
+		if _, ok := pcfg.ConnConfig.RuntimeParams["jit"]; !ok {
+			// A generic plan's LIMIT $n is costed as a tenth of the table:
+			// on a big log that passes jit_above_cost, and compiling took
+			// 3-7 ms per read for reads that run in 0.2 ms (TestNoJIT).
+			sets = append(sets, "SET jit = off")
+		}
+		if len(sets) > 0 {
+			pcfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+				for _, set := range sets {
+					if _, err := conn.Exec(ctx, set); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
 		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -195,7 +222,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		listenDone: make(chan struct{}),
 		changed:    make(chan struct{}),
 		q: queries{
-			lock: render(qLock, p), append: render(qAppend, p),
+			lock: render(qLock, p), appendNew: render(qAppendNew, p), append: render(qAppend, p),
 			head: render(qHead, p), readAfter: render(qReadAfter, p), watermark: render(qWatermark, p),
 			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
 			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
@@ -286,11 +313,12 @@ func (s *Store) isClosed() bool {
 // replayd.AppendResult.
 type AppendResult = replayd.AppendResult
 
-// Append stores evs in order, in one transaction and one round trip, and
-// returns one result per event, in the same order. Each stored event gets
-// the next sequence, above every sequence ever assigned, and created_at
-// from the server clock, never below the previous batch's. Sequence,
-// CreatedAt and Topic of evs are ignored except Topic ("" is a broadcast).
+// Append stores evs in order, in one transaction and one round trip (two
+// when an event id is stored already: see sql.go), and returns one result
+// per event, in the same order. Each stored event gets the next sequence,
+// above every sequence ever assigned, and created_at from the server
+// clock, never below the previous batch's. Sequence, CreatedAt and Topic
+// of evs are ignored except Topic ("" is a broadcast).
 //
 // On return without error the batch is committed (durable as far as the
 // server's synchronous_commit makes it) and visible to every reader, and
@@ -312,8 +340,10 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 		idx                  []int // res index of each row sent
 		ids, types, payloads []string
 		topics               []*string
-		first                = map[string]int{} // event id → res index of its first valid occurrence
-		repeats              []int              // res indexes of later occurrences
+		ranks                []int64                          // each row's rank among the batch's rows of its topic
+		counts               = map[string]int64{}             // topic → rows of it so far
+		first                = make(map[string]int, len(evs)) // event id → res index of its first valid occurrence
+		repeats              []int                            // res indexes of later occurrences
 	)
 	for i, ev := range evs {
 		res[i].Event = ev
@@ -335,16 +365,77 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 			topic = &evs[i].Topic
 		}
 		topics = append(topics, topic)
+		counts[ev.Topic]++
+		ranks = append(ranks, counts[ev.Topic])
 	}
 	if len(idx) == 0 {
 		return res, nil
 	}
-	b := &pgx.Batch{}
-	b.Queue(s.q.lock)
 	channel := s.channel
 	if s.noNotify {
 		channel = ""
 	}
+	var err error
+	if !s.dedupAlways {
+		err = s.appendNew(ctx, res, idx, ids, types, topics, payloads, ranks, channel)
+	}
+	if s.dedupAlways || s.isStoredID(err) {
+		// An event id is stored already: nothing was, try again looking
+		// each one up.
+		err = s.appendDedup(ctx, res, idx, ids, types, topics, payloads, channel)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replaydpg: append: %w", err)
+	}
+	for _, i := range repeats {
+		res[i].Event, res[i].Duplicate = res[first[evs[i].EventID]].Event, true
+	}
+	return res, nil
+}
+
+// isStoredID reports whether err is qAppendNew's failure on an event id
+// that is already stored: a unique violation of the event id constraint.
+func (s *Store) isStoredID(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == s.prefix+"events_event_id_key"
+}
+
+// appendNew sends the rows as new (qAppendNew) and fills in res[idx[k]]'s
+// sequence and created_at. It fails on an event id that is stored already
+// (see isStoredID), having stored nothing.
+func (s *Store) appendNew(ctx context.Context, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, ranks []int64, channel string) error {
+	b := &pgx.Batch{}
+	b.Queue(s.q.lock)
+	b.Queue(s.q.appendNew, ids, types, topics, payloads, channel, ranks)
+	br := s.pool.SendBatch(ctx, b)
+	var (
+		seq0      int64
+		createdAt time.Time
+		notified  bool
+	)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&seq0, &createdAt, &notified)
+	}
+	// Close reads the commit's answer: only after it is the batch stored.
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	for k, i := range idx {
+		res[i].Event.Sequence, res[i].Event.CreatedAt = seq0+int64(k)+1, createdAt
+	}
+	return nil
+}
+
+// appendDedup sends the rows with qAppend, which stores only those whose
+// event id is not stored yet, and fills in res[idx[k]]: the sequence and
+// created_at of a stored row, the stored original of a duplicate.
+func (s *Store) appendDedup(ctx context.Context, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, channel string) error {
+	b := &pgx.Batch{}
+	b.Queue(s.q.lock)
 	b.Queue(s.q.append, ids, types, topics, payloads, channel)
 	br := s.pool.SendBatch(ctx, b)
 	err := func() error {
@@ -395,13 +486,7 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return nil, fmt.Errorf("replaydpg: append: %w", err)
-	}
-	for _, i := range repeats {
-		res[i].Event, res[i].Duplicate = res[first[evs[i].EventID]].Event, true
-	}
-	return res, nil
+	return err
 }
 
 // checkText refuses what a PostgreSQL text column would: invalid UTF-8 and
