@@ -113,3 +113,27 @@ func TestPlanCacheMode(t *testing.T) {
 		})
 	}
 }
+
+// Publish is durable even where the server's default is not: a session
+// whose synchronous_commit is off (the CI cluster runs with it off) is set
+// to on, and a DSN that sets it keeps its own choice.
+func TestSynchronousCommit(t *testing.T) {
+	direct := testDSN(t)
+	cases := []struct{ name, dsn, want string }{
+		{"the server's off is raised", withDSNParam(direct, "options", "-csynchronous_commit=off"), "on"},
+		{"the DSN's own", withDSNParam(direct, "synchronous_commit", "off"), "off"},
+		{"local is kept", withDSNParam(direct, "options", "-csynchronous_commit=local"), "local"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := openPrefixDSN(t, testPrefix(t), c.dsn)
+			var got string
+			if err := s.pool.QueryRow(testCtx(t, 10*time.Second), "SHOW synchronous_commit").Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != c.want {
+				t.Fatalf("synchronous_commit %s, want %s", got, c.want)
+			}
+		})
+	}
+}

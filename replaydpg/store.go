@@ -30,11 +30,17 @@
 //   - The pool's sessions use jit=off unless the DSN sets it: generic
 //     plans of topic reads on a million rows passed jit_above_cost and spent
 //     3-7 ms compiling each execution of a 0.2 ms read.
-//   - Both are set with SET when a connection opens, not as startup
-//     parameters, which PgBouncer refuses ("unsupported startup
-//     parameter"); with WithTransactionPooling neither is set (a SET would
-//     stay on a server connection other clients then use): set jit = off
-//     for the role or database there (ALTER ROLE … SET jit = off).
+//   - Publish returns after the commit is durable: a session whose
+//     synchronous_commit is off (the server's or the role's default) is set
+//     to on, unless the DSN sets synchronous_commit, which is then the
+//     application's own choice (off acknowledges events a server crash can
+//     lose: TestCrashDurability fails with it).
+//   - These are set when a connection opens, not as startup parameters,
+//     which PgBouncer refuses ("unsupported startup parameter"); with
+//     WithTransactionPooling none is set (a SET would stay on a server
+//     connection other clients then use): set jit = off, and keep
+//     synchronous_commit on, for the role or database there (ALTER ROLE …
+//     SET jit = off).
 //   - A batch holding an event id that is already stored costs a second
 //     round trip: the first attempt takes every event for new and fails on
 //     the unique constraint (logged by the server as an ERROR), and the
@@ -197,6 +203,14 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			// on a big log that passes jit_above_cost, and compiling took
 			// 3-7 ms per read for reads that run in 0.2 ms (TestNoJIT).
 			sets = append(sets, "SET jit = off")
+		}
+		if _, ok := pcfg.ConnConfig.RuntimeParams["synchronous_commit"]; !ok {
+			// Publish returns once the commit is durable (SPEC §14): a
+			// server or role running with synchronous_commit = off would
+			// acknowledge events a crash then loses. Only off is raised;
+			// local, remote_write, on and remote_apply are durable here and
+			// stay as the administrator set them.
+			sets = append(sets, "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'")
 		}
 		if len(sets) > 0 {
 			pcfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
