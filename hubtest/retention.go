@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Retention through the hub: Prune, StartRetention and the head.
@@ -59,14 +60,14 @@ func testStartRetention(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	stop := h.StartRetention(replayd.RetentionPolicy{MaxEvents: 2}, 10*time.Millisecond)
 	defer stop()
-	waitUntil(t, "first scheduled prune", func() bool {
+	wiretest.WaitUntil(t, "first scheduled prune", func() bool {
 		evs, _ := h.Replay(ctx, "", 0, 10)
 		return len(evs) == 2
 	})
 	for i := range 3 {
 		mustPublish(t, h, "a", i)
 	}
-	waitUntil(t, "a later scheduled prune", func() bool {
+	wiretest.WaitUntil(t, "a later scheduled prune", func() bool {
 		evs, _ := h.Replay(ctx, "", 0, 10)
 		return len(evs) == 2 && evs[1].Sequence == 8
 	})
