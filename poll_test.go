@@ -75,26 +75,15 @@ func TestPollLongPollWokenThroughTail(t *testing.T) {
 	}
 	defer stop()
 	base := wiretest.ServePoll(t, h)
-	got := make(chan wiretest.PollAnswer, 1)
-	go func() { got <- wiretest.Poll(t, base, "topic=a&cursor=0&wait=20") }()
-	deadline := time.Now().Add(waitFor)
-	for h.metrics.pollConns.Load() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the poll never waited")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	answer := wiretest.PollLater(t, base, "topic=a&cursor=0&wait=20")
+	wiretest.WaitUntil(t, "the poll to wait", func() bool { return h.metrics.pollConns.Load() == 1 })
 	child := crashStart(t, "TestPollLongPollWokenThroughTail", pollChildEnv+"="+path)
 	if state := child.wait(); !state.Success() {
 		t.Fatalf("child: %v: %s", state, child.stderr())
 	}
-	select {
-	case p := <-got:
-		if len(p.Events) != 1 || string(p.Events[0].Data) != `"from the child"` {
-			t.Fatalf("woken with %+v", p)
-		}
-	case <-time.After(waitFor):
-		t.Fatal("the poll was not woken by the other process's row")
+	// Not woken by the other process's row, the poll would wait its 20 s.
+	if p := answer(); len(p.Events) != 1 || string(p.Events[0].Data) != `"from the child"` {
+		t.Fatalf("woken with %+v", p)
 	}
 }
 

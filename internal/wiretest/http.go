@@ -16,29 +16,38 @@ import (
 	"time"
 )
 
-// Get sends a GET and returns its status and body, read whole: it fails
-// the test on a transport error or an answer that does not end within
-// WaitFor (a stream served where a refusal was due).
-func Get(t testing.TB, u string, header http.Header) (int, string) {
+// Do sends a request with the given method and headers through client and
+// returns the answer with its body read whole; it fails the test on a
+// transport error or an answer that does not end within timeout.
+func Do(t testing.TB, client *http.Client, method, u string, header http.Header, timeout time.Duration) (*http.Response, []byte) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), WaitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	req, err := http.NewRequestWithContext(ctx, method, u, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for k, vs := range header {
 		req.Header[k] = vs
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("GET %s: %v", u, err)
+		t.Fatalf("%s %s: %v", method, u, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("GET %s: status %d, read the body: %v", u, resp.StatusCode, err)
+		t.Fatalf("%s %s: status %d, read the body: %v", method, u, resp.StatusCode, err)
 	}
+	return resp, body
+}
+
+// Get sends a GET and returns its status and body, read whole: it fails
+// the test on a transport error or an answer that does not end within
+// WaitFor (a stream served where a refusal was due).
+func Get(t testing.TB, u string, header http.Header) (int, string) {
+	t.Helper()
+	resp, body := Do(t, http.DefaultClient, http.MethodGet, u, header, WaitFor)
 	return resp.StatusCode, string(body)
 }
 
@@ -48,13 +57,7 @@ func GetReady(t testing.TB, ready http.Handler) (int, string) {
 	t.Helper()
 	srv := httptest.NewServer(ready)
 	defer srv.Close()
-	resp, err := http.Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	return Get(t, srv.URL, nil)
 }
 
 // ReadyWithin calls a hub's Ready with a deadline d away and returns how
@@ -111,18 +114,7 @@ func ServePoll(t testing.TB, h interface {
 // headers and body.
 func GetPoll(t testing.TB, base, query string) (int, http.Header, []byte) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*WaitFor)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/poll?"+query, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, body := Do(t, http.DefaultClient, http.MethodGet, base+"/poll?"+query, nil, 2*WaitFor)
 	return resp.StatusCode, resp.Header, body
 }
 
@@ -138,6 +130,24 @@ func Poll(t testing.TB, base, query string) PollAnswer {
 		t.Fatalf("poll %q: %v: %s", query, err, body)
 	}
 	return p
+}
+
+// PollLater sends one poll request (Poll) in the background and returns a
+// function that returns its answer, failing the test unless it comes
+// within WaitFor.
+func PollLater(t testing.TB, base, query string) (answer func() PollAnswer) {
+	got := make(chan PollAnswer, 1)
+	go func() { got <- Poll(t, base, query) }()
+	return func() PollAnswer {
+		t.Helper()
+		select {
+		case p := <-got:
+			return p
+		case <-time.After(WaitFor):
+			t.Fatalf("poll %q: no answer within %v", query, WaitFor)
+			return PollAnswer{}
+		}
+	}
 }
 
 // StalledConn opens an SSE stream at srvURL from cursor on a raw TCP
