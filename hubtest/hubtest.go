@@ -163,6 +163,15 @@ func mustPublish(t testing.TB, h *replayd.EventHub, topic string, payload any, o
 	return ev
 }
 
+// publishTopics publishes one event to each topic on h, in order, with the
+// topic as its payload.
+func publishTopics(t testing.TB, h *replayd.EventHub, topics ...string) {
+	t.Helper()
+	for _, topic := range topics {
+		mustPublish(t, h, topic, topic)
+	}
+}
+
 // waitClock waits until the wall clock is d past at (bounded): so that an
 // event created at at is older than any MaxAge below d, on any store (the
 // store takes created_at, not the test).

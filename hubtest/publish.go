@@ -225,9 +225,7 @@ func testReplayScopes(t *testing.T, newLog func(t *testing.T) opener) {
 	h := open(replayd.Options{})
 	ctx := context.Background()
 	// 1:a 2:b 3:bcast 4:a 5:b 6:a
-	for _, topic := range []string{"a", "b", "", "a", "b", "a"} {
-		mustPublish(t, h, topic, topic)
-	}
+	publishTopics(t, h, "a", "b", "", "a", "b", "a")
 	l := h.Log()
 	cases := []struct {
 		topic string

@@ -217,9 +217,7 @@ func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) opener) {
 		c.Hello()
 	}
 	// 1:a 2:b 3:broadcast 4:c 5:a
-	for _, topic := range []string{"a", "b", "", "c", "a"} {
-		mustPublish(t, h, topic, topic)
-	}
+	publishTopics(t, h, "a", "b", "", "c", "a")
 	for c, want := range map[*wiretest.Client][]string{a: {"1", "3", "5"}, b: {"2", "3"}, g: {"1", "2", "3", "4", "5"}} {
 		if got := wiretest.FrameIDs(c.Events(len(want))); !slices.Equal(got, want) {
 			t.Errorf("got %v, want %v", got, want)
@@ -237,9 +235,7 @@ func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) opener) {
 func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
 	setup := func(t *testing.T) (*replayd.EventHub, string) {
 		h := newLog(t)(replayd.Options{})
-		for _, topic := range []string{"a", "b", "", "a", "b"} { // 1..5
-			mustPublish(t, h, topic, topic)
-		}
+		publishTopics(t, h, "a", "b", "", "a", "b") // 1..5
 		return h, serve(t, h).URL
 	}
 	for _, tc := range []struct {
@@ -293,9 +289,7 @@ func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) opener) {
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 3}})
 	srv := serve(t, h)
 	// 1:a 2:x 3:a 4:bcast 5:x 6:a 7:x 8:a 9:a 10:x
-	for _, topic := range []string{"a", "x", "a", "", "x", "a", "x", "a", "a", "x"} {
-		mustPublish(t, h, topic, topic)
-	}
+	publishTopics(t, h, "a", "x", "a", "", "x", "a", "x", "a", "a", "x")
 	cases := []struct {
 		name     string
 		url      string
@@ -343,9 +337,7 @@ func testSSEGapNegativeReplayLimit(t *testing.T, newLog func(t *testing.T) opene
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: -1}})
 	srv := serve(t, h)
-	for _, topic := range []string{"a", "b", "a"} {
-		mustPublish(t, h, topic, topic)
-	}
+	publishTopics(t, h, "a", "b", "a")
 	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(0))
 	c.Hello()
 	g := wiretest.MustGap(t, c.Next())
@@ -373,9 +365,7 @@ func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
 	srv := serve(t, h)
 	ctx := context.Background()
 	// 1:a 2:b 3:a 4:b 5:b 6:b 7:a 8:b 9:b 10:b
-	for _, topic := range []string{"a", "b", "a", "b", "b", "b", "a", "b", "b", "b"} {
-		mustPublish(t, h, topic, topic)
-	}
+	publishTopics(t, h, "a", "b", "a", "b", "b", "b", "a", "b", "b", "b")
 	// Delete 1..5: watermarks a=3, b=5.
 	if n, err := h.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 5}); err != nil || n != 5 {
 		t.Fatalf("prune %d, %v", n, err)
@@ -769,15 +759,9 @@ func testSSEResyncWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *
 
 	c := wiretest.Dial(t, srv.URL, nil)
 	_, _, cursor, _ := c.Hello()
-	var last replayd.Event
-	for range 3 { // committed by "another process"; h has no tail
-		last = mustPublish(t, other, "", "unseen")
-	}
-	// Once the clock has moved on, retention by age deletes all three.
-	waitClock(t, last.CreatedAt, 20*time.Millisecond)
-	if n, err := other.Prune(context.Background(), replayd.RetentionPolicy{MaxAge: 5 * time.Millisecond}); err != nil || n != 3 {
-		t.Fatalf("pruned %d, %v", n, err)
-	}
+	// Three events committed by "another process" (h has no tail), and
+	// deleted by retention, all three.
+	publishThenPruneAll(t, other, "", 3, 3)
 	ev := mustPublish(t, h, "", "next") // h learns of the gap now
 	if f, err := c.NextErr(waitFor); err == nil {
 		t.Fatalf("stream went on with %+v (the next event is %d): a silent hole", f, ev.Sequence)

@@ -1,10 +1,8 @@
 package hubtest
 
 import (
-	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/wiretest"
@@ -34,15 +32,9 @@ func testSubscribeGapWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(
 	rec := recordSubscriber(h)
 	var plain []int64
 	h.Subscribe(func(ev replayd.Event) { plain = append(plain, ev.Sequence) })
-	var last replayd.Event
-	for range 3 { // committed by "another process"; h has no tail
-		last = mustPublish(t, other, "a", "unseen")
-	}
-	// Once the clock has moved on, retention by age deletes all four.
-	waitClock(t, last.CreatedAt, 20*time.Millisecond)
-	if n, err := other.Prune(context.Background(), replayd.RetentionPolicy{MaxAge: 5 * time.Millisecond}); err != nil || n != 4 {
-		t.Fatalf("pruned %d, %v", n, err)
-	}
+	// Three events committed by "another process" (h has no tail), and
+	// deleted by retention with the first: four.
+	publishThenPruneAll(t, other, "a", 3, 4)
 	ev := mustPublish(t, h, "", "next") // h learns of the hole now
 	want := []string{
 		fmt.Sprintf("gap pruned %d %d-%d", first.Sequence, first.Sequence+1, first.Sequence+3),
