@@ -98,9 +98,7 @@ func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) ope
 	bob.Hello()
 	ev := mustPublish(t, h, "room", 1)
 	for _, c := range []*wiretest.Client{alice, bob} {
-		if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("got %+v", f)
-		}
+		c.NextIs(ev.Sequence, "got")
 	}
 	revoke("alice")
 	start := time.Now()
@@ -110,9 +108,7 @@ func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) ope
 	t.Logf("stream ended %v after revocation", time.Since(start))
 	wiretest.WaitUntil(t, "the revoked stream to leave the tracker", func() bool { return h.Clients().Total() == 1 })
 	ev = mustPublish(t, h, "room", 2)
-	if f := bob.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("bob got %+v", f)
-	}
+	bob.NextIs(ev.Sequence, "bob got")
 }
 
 // A client granted topic "a" while events flow on a denied topic: nothing

@@ -258,9 +258,7 @@ func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
 				t.Fatalf("replayed %v", got)
 			}
 			ev := mustPublish(t, h, "a", "live")
-			if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-				t.Fatalf("live %+v", f)
-			}
+			c.NextIs(ev.Sequence, "live")
 		})
 	}
 	t.Run("from zero and at the head", func(t *testing.T) {
@@ -275,9 +273,7 @@ func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
 			t.Fatalf("cursor %d", cursor)
 		}
 		ev := mustPublish(t, h, "b", "next")
-		if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("at head, first frame %+v", f)
-		}
+		c.NextIs(ev.Sequence, "at head, first frame")
 	})
 }
 
@@ -347,16 +343,12 @@ func testSSEGapNegativeReplayLimit(t *testing.T, newLog func(t *testing.T) opene
 	}
 	// Nothing is replayed, and the missed events never arrive later.
 	ev := mustPublish(t, h, "a", "live")
-	if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("after the gap: %+v", f)
-	}
+	c.NextIs(ev.Sequence, "after the gap")
 	// Caught up: no gap.
 	c = wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(ev.Sequence))
 	c.Hello()
 	ev = mustPublish(t, h, "a", "live")
-	if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("caught up: %+v", f)
-	}
+	c.NextIs(ev.Sequence, "caught up")
 }
 
 func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
@@ -436,9 +428,7 @@ func testSSEGapUnknownCursor(t *testing.T, newLog func(t *testing.T) opener) {
 		t.Fatalf("gap %s", g.String())
 	}
 	ev := mustPublish(t, h, "a", 2)
-	if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("not live from the head: %+v", f)
-	}
+	c.NextIs(ev.Sequence, "not live from the head")
 }
 
 func testSSEGapInvalidCursor(t *testing.T, newLog func(t *testing.T) opener) {
@@ -460,9 +450,7 @@ func testSSEGapInvalidCursor(t *testing.T, newLog func(t *testing.T) opener) {
 				t.Fatalf("gap %s", g.String())
 			}
 			ev := mustPublish(t, h, "a", 2)
-			if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-				t.Fatalf("not live: %+v", f)
-			}
+			c.NextIs(ev.Sequence, "not live")
 		})
 	}
 	// The largest valid cursor is valid, and above the head.
@@ -681,9 +669,7 @@ func testSSESlowConsumerDisconnected(t *testing.T, newLog func(t *testing.T) ope
 		if err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}
-		if f := fast.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("fast client got id %s, want %d", f.ID, ev.Sequence)
-		}
+		fast.NextIs(ev.Sequence, "fast client")
 	}
 	wiretest.WaitUntil(t, "slow client disconnected", func() bool { return h.Clients().ActiveClients("slow") == 1 })
 	// The slow connection was closed by the server.
@@ -774,7 +760,5 @@ func testSSEResyncWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *
 	if g := wiretest.MustGap(t, c.Next()); g.Reason != "pruned" || *g.MissedFrom != cursor+1 || *g.MissedThrough != cursor+3 {
 		t.Fatalf("gap %s", g.String())
 	}
-	if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("after the gap: %+v", f)
-	}
+	c.NextIs(ev.Sequence, "after the gap")
 }

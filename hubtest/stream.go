@@ -133,7 +133,5 @@ func testSSEWriterWithoutFlush(t *testing.T, newLog func(t *testing.T) opener) {
 	c := wiretest.Dial(t, srv.URL+"?topic=room", nil)
 	c.Hello()
 	ev := mustPublish(t, h, "room", 1)
-	if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("frame %+v, want event %d", f, ev.Sequence)
-	}
+	c.NextIs(ev.Sequence, "frame")
 }

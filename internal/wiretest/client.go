@@ -99,6 +99,17 @@ func (c *Client) Next() Frame {
 	return f
 }
 
+// NextIs returns the next frame, failing the test unless it is the event
+// with sequence seq; what names the frame in the message.
+func (c *Client) NextIs(seq int64, what string) Frame {
+	c.t.Helper()
+	f := c.Next()
+	if f.ID != fmt.Sprint(seq) {
+		c.t.Fatalf("%s: frame %+v, want event %d", what, f, seq)
+	}
+	return f
+}
+
 // ErrTimeout is NextErr's error when no frame came in time.
 var ErrTimeout = errors.New("timed out waiting for a frame")
 
