@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -487,23 +486,10 @@ func runCrashNode(dsn, prefix, name string) {
 	if _, err := hub.StartTail(200*time.Millisecond, replayd.TailOptions{}); err != nil {
 		die(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	say, err := childServe(hub)
 	if err != nil {
 		die(err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/poll", hub.PollHandler())
-	mux.Handle("/", hub.Handler())
-	go http.Serve(ln, mux)
-	var outMu sync.Mutex
-	say := func(format string, args ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		if _, err := fmt.Printf(format+"\n", args...); err != nil {
-			os.Exit(4) // the parent is gone
-		}
-	}
-	say("addr http://%s", ln.Addr())
 	for w := range 3 {
 		go func() {
 			for n := 0; ; n++ {

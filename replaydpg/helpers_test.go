@@ -5,9 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -182,4 +185,29 @@ func allEvents(t testing.TB, s *Store) []replayd.Event {
 		out = append(out, evs...)
 		after = evs[len(evs)-1].Sequence
 	}
+}
+
+// childServe serves hub for a child process: its SSE endpoint at / and its
+// poll endpoint at /poll, on a new local listener. It returns say, which
+// writes a line to the parent on stdout (and exits 4 once the parent is
+// gone), having said "addr http://<the listener>".
+func childServe(hub *replayd.EventHub) (say func(format string, args ...any), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/poll", hub.PollHandler())
+	mux.Handle("/", hub.Handler())
+	go http.Serve(ln, mux)
+	var outMu sync.Mutex
+	say = func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		if _, err := fmt.Printf(format+"\n", args...); err != nil {
+			os.Exit(4) // the parent is gone
+		}
+	}
+	say("addr http://%s", ln.Addr())
+	return say, nil
 }
