@@ -53,13 +53,8 @@ var crashTopics = []string{"a", "b", "c", ""}
 // the test skips on a developer machine and fails under CI=true.
 func fsyncCluster(t *testing.T) (dsn, ctl string) {
 	t.Helper()
-	dsn, ctl = os.Getenv("REPLAYD_PG_FSYNC_DSN"), os.Getenv("REPLAYD_PG_FSYNC_CTL")
-	if dsn == "" || ctl == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("REPLAYD_PG_FSYNC_DSN or REPLAYD_PG_FSYNC_CTL is not set under CI: .ci/pg.sh did not start the fsync cluster (REPLAYD_PG_FSYNC_CLUSTER=1)")
-		}
-		t.Skip("no fsync cluster; start one with: REPLAYD_PG_FSYNC_CLUSTER=1 source .ci/pg.sh")
-	}
+	env := ciEnv(t, "the fsync cluster", "REPLAYD_PG_FSYNC_CLUSTER=1 source .ci/pg.sh", "REPLAYD_PG_FSYNC_DSN", "REPLAYD_PG_FSYNC_CTL")
+	dsn, ctl = env[0], env[1]
 	pool := testPoolDSN(t, dsn)
 	for _, name := range []string{"fsync", "synchronous_commit", "full_page_writes"} {
 		var v string
