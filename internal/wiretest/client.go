@@ -214,12 +214,6 @@ func MustGap(t testing.TB, f Frame) Gap {
 	return g
 }
 
-// String is g as JSON, for messages.
-func (g Gap) String() string {
-	b, _ := json.Marshal(g)
-	return string(b)
-}
-
 // FrameIDs returns the frames' ids.
 func FrameIDs(fs []Frame) []string {
 	out := make([]string, len(fs))

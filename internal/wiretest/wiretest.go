@@ -8,9 +8,9 @@
 //     (internal/sseparse), refusing any field replayd never writes; Gap and
 //     ParseGap: a gap's data, which must have all six keys of PROTOCOL.md.
 //   - Client (client.go): an SSE stream read the way an EventSource does,
-//     with Dial, Next, Hello, Events, Quiet and Ended.
-//   - Get, GetReady, ServePoll, GetPoll, Poll and StalledConn (http.go):
-//     requests over real HTTP.
+//     with Dial, Next, NextIs, Hello, Events, Quiet and Ended.
+//   - Do, Get, GetReady, ServePoll, GetPoll, Poll, PollLater and
+//     StalledConn (http.go): requests over real HTTP.
 //   - WaitUntil, LogRecorder, Recorder and Seqs (record.go): bounded waits
 //     and what a logger or a subscriber was told.
 //
@@ -85,4 +85,10 @@ func ParseGap(data string) (Gap, error) {
 	var g Gap
 	err := json.Unmarshal([]byte(data), &g)
 	return g, err
+}
+
+// String is g as JSON, for messages.
+func (g Gap) String() string {
+	b, _ := json.Marshal(g)
+	return string(b)
 }
