@@ -17,36 +17,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Request admission (SPEC §9, §10) over real HTTP: strict topic parsing,
 // the connection cap and its overload answer, and Options.Authorize.
-
-// get sends a GET and returns its status and body, read whole: it fails
-// the test on a transport error or an answer that does not end within
-// waitFor (a stream served where a refusal was due).
-func get(t testing.TB, u string, header http.Header) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, vs := range header {
-		req.Header[k] = vs
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", u, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: status %d, read the body: %v", u, resp.StatusCode, err)
-	}
-	return resp.StatusCode, string(body)
-}
 
 func TestParseTopics(t *testing.T) {
 	cases := []struct {
@@ -103,10 +79,10 @@ func TestParseTopicsManyValues(t *testing.T) {
 // dialAdmitted opens a stream and reports whether it was served (its first
 // frame is the hello) or refused by the overload answer, whose retry it
 // returns. The overload answer must hold only the retry and end.
-func dialAdmitted(t testing.TB, u string) (c *sseClient, served bool, retryMs int64) {
+func dialAdmitted(t testing.TB, u string) (c *wiretest.Client, served bool, retryMs int64) {
 	t.Helper()
-	c = dial(t, u, nil)
-	f := c.nextNonHeartbeat()
+	c = wiretest.Dial(t, u, nil)
+	f := c.NextNonHeartbeat()
 	if f.Event == "hello" {
 		return c, true, 0
 	}
@@ -117,7 +93,7 @@ func dialAdmitted(t testing.TB, u string) (c *sseClient, served bool, retryMs in
 	if err != nil {
 		t.Fatalf("retry %q: %v", f.Retry, err)
 	}
-	if g, err := c.nextErr(waitFor); !errors.Is(err, io.EOF) {
+	if g, err := c.NextErr(waitFor); !errors.Is(err, io.EOF) {
 		t.Fatalf("the overload answer went on with %+v, %v", g, err)
 	}
 	c.Close()
@@ -144,7 +120,7 @@ func TestSSEConnectionCap(t *testing.T) {
 
 	// Concurrent connects: exactly limit are served.
 	type result struct {
-		c      *sseClient
+		c      *wiretest.Client
 		served bool
 		retry  int64
 	}
@@ -163,7 +139,7 @@ func TestSSEConnectionCap(t *testing.T) {
 	close(start)
 	wg.Wait()
 	close(results)
-	var served []*sseClient
+	var served []*wiretest.Client
 	retries := map[int64]bool{}
 	for r := range results {
 		if r.served {
@@ -191,15 +167,13 @@ func TestSSEConnectionCap(t *testing.T) {
 	// The served streams work; a freed slot lets the next client in.
 	ev := mustPublish(t, h, "a", "live")
 	for _, c := range served {
-		if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("served client got %+v", f)
-		}
+		c.NextIs(ev.Sequence, "served client got")
 	}
 	if _, ok, _ := dialAdmitted(t, srv.URL); ok {
 		t.Fatal("served past the cap")
 	}
 	served[0].Close()
-	waitUntil(t, "the closed stream to free its slot", func() bool { return h.conns.Load() == limit-1 })
+	wiretest.WaitUntil(t, "the closed stream to free its slot", func() bool { return h.conns.Load() == limit-1 })
 	c, ok, _ := dialAdmitted(t, srv.URL)
 	if !ok {
 		t.Fatal("a freed slot did not let the next client in")
@@ -227,7 +201,7 @@ func TestSSEConnectionCap(t *testing.T) {
 	for _, c := range served[1:] {
 		c.Close()
 	}
-	waitUntil(t, "every slot to be freed", func() bool { return h.conns.Load() == 0 })
+	wiretest.WaitUntil(t, "every slot to be freed", func() bool { return h.conns.Load() == 0 })
 }
 
 // The poll transport's overload answer: 503 with Retry-After in whole
@@ -316,7 +290,7 @@ func TestSSEAuthorize(t *testing.T) {
 		{"?topic=b&topic=secret&topic=b&topic=a&token=good", 403, "forbidden\n", []string{"b", "secret", "a"}},
 	}
 	for _, tc := range refusals {
-		status, body := get(t, srv.URL+tc.query, lastID(0))
+		status, body := wiretest.Get(t, srv.URL+tc.query, wiretest.LastID(0))
 		if status != tc.status || body != tc.body {
 			t.Errorf("%s: %d %q, want %d %q", tc.query, status, body, tc.status, tc.body)
 		}
@@ -335,16 +309,16 @@ func TestSSEAuthorize(t *testing.T) {
 	}
 
 	// Granted: the topics in the order first requested.
-	c := dial(t, srv.URL+"?topic=b&topic=%20a&topic=b&token=good", nil)
-	c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=b&topic=%20a&topic=b&token=good", nil)
+	c.Hello()
 	if got := takeCalls(); len(got) != 1 || !slices.Equal(got[0], []string{"b", "a"}) {
 		t.Fatalf("Authorize called with %q, want once with [b a]", got)
 	}
 
 	// The cheaper checks come first: a refusal by method, origin, topics or
 	// the cap never reaches Authorize; neither does a preflight.
-	d := dial(t, srv.URL+"?topic=a&token=good", nil) // the second and last slot
-	d.hello()
+	d := wiretest.Dial(t, srv.URL+"?topic=a&token=good", nil) // the second and last slot
+	d.Hello()
 	takeCalls()
 	for _, tc := range []struct {
 		method, query, origin string

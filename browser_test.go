@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Browser end-to-end tests: a real headless Chromium EventSource against
@@ -745,7 +746,7 @@ func browserTestGap(t *testing.T, browser context.Context) {
 	if len(gaps) != 1 {
 		t.Fatalf("want exactly one gap, got %d: %s", len(gaps), browserDump(st))
 	}
-	g := parseGap(t, frame{Event: gaps[0].Type, Data: gaps[0].Data})
+	g := wiretest.MustGap(t, frame{Event: gaps[0].Type, Data: gaps[0].Data})
 	wantGap := gapJSON{
 		Reason:        reasonReplayLimit,
 		ResumedFrom:   i64p(seen.Sequence),
@@ -825,8 +826,8 @@ func browserTestOverload(t *testing.T, browser context.Context) {
 	gate.hold()
 	gate.dropAll()
 	browserWaitNoClients(t, h)
-	occupier := dial(t, serve(t, h).URL+"?topic=room", nil)
-	if f, _, _, _ := occupier.hello(); f.Retry == "" {
+	occupier := wiretest.Dial(t, serve(t, h).URL+"?topic=room", nil)
+	if f, _, _, _ := occupier.Hello(); f.Retry == "" {
 		t.Fatalf("hello %+v, want the retry in its block", f)
 	}
 	want = append(want, mustPublish(t, h, "room", map[string]int{"n": 2}))

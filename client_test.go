@@ -2,7 +2,6 @@ package replayd
 
 import (
 	"bytes"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -10,28 +9,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // clientGet sends one request to a real server running ClientScript.
 func clientGet(t *testing.T, srv *httptest.Server, method string, header http.Header) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, srv.URL+"/replayd.js", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	resp, err := srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, body
+	return wiretest.Do(t, srv.Client(), method, srv.URL+"/replayd.js", header, waitFor)
 }
 
 func TestClientScriptHeaders(t *testing.T) {

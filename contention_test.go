@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Several OS processes on one database file: three publishers at once, and
@@ -236,10 +238,10 @@ func TestContentionTailAcrossProcesses(t *testing.T) {
 	})
 	defer unsub()
 
-	global := dial(t, srv.URL, nil)
-	_, _, cursor, head := global.hello()
-	topicA := dial(t, srv.URL+"?topic=a", nil)
-	_, _, cursorA, _ := topicA.hello()
+	global := wiretest.Dial(t, srv.URL, nil)
+	_, _, cursor, head := global.Hello()
+	topicA := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	_, _, cursorA, _ := topicA.Hello()
 	if cursor != head || cursorA != head {
 		t.Fatalf("fresh cursors %d, %d, head %d", cursor, cursorA, head)
 	}
@@ -305,7 +307,7 @@ func TestContentionTailAcrossProcesses(t *testing.T) {
 
 	for _, c := range []struct {
 		name   string
-		client *sseClient
+		client *wiretest.Client
 		topic  string
 	}{{"global", global, ""}, {"topic a", topicA, "a"}} {
 		var want []Event
@@ -314,19 +316,19 @@ func TestContentionTailAcrossProcesses(t *testing.T) {
 				want = append(want, ev)
 			}
 		}
-		got := c.client.events(len(want))
+		got := c.client.Events(len(want))
 		for i, f := range got {
 			ev := want[i]
 			if f.ID != strconv.FormatInt(ev.Sequence, 10) || f.Event != ev.Type || f.Data != string(ev.Payload) {
 				t.Fatalf("%s client: event %d is %s %q %q, want %d %q %q (ids %v)", c.name, i, f.ID, f.Event, f.Data,
-					ev.Sequence, ev.Type, ev.Payload, frameIDs(got))
+					ev.Sequence, ev.Type, ev.Payload, wiretest.FrameIDs(got))
 			}
 		}
 		t.Logf("%s client: %d events exactly once, in order", c.name, len(got))
 	}
 	// The fence was the last event; nothing may follow it (a duplicate
 	// would). Bounded: the tail polls every few milliseconds.
-	global.quiet(200 * time.Millisecond)
+	global.Quiet(200 * time.Millisecond)
 
 	subMu.Lock()
 	defer subMu.Unlock()

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // testDetach makes newTestHub turn SSEOptions.DetachConnections on; set
@@ -138,9 +140,9 @@ func testDetachedLeave(t *testing.T, watch, tlsOn bool) {
 	}
 	t.Cleanup(srv.Close)
 	c := dialWith(t, srv.Client(), srv.URL+"?topic=a", nil)
-	c.hello()
+	c.Hello()
 	if !watch {
-		if f := c.next(); f.Event != "heartbeat" {
+		if f := c.Next(); f.Event != "heartbeat" {
 			t.Fatalf("want a heartbeat, got %+v", f)
 		}
 	}
@@ -149,7 +151,7 @@ func testDetachedLeave(t *testing.T, watch, tlsOn bool) {
 	}
 	left := time.Now()
 	c.Close()
-	waitUntil(t, "the stream to end", func() bool {
+	wiretest.WaitUntil(t, "the stream to end", func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return len(h.streams) == 0
@@ -189,27 +191,27 @@ func TestSSEDetachedTLS(t *testing.T) {
 		srv.StartTLS()
 		t.Cleanup(srv.Close)
 		first := mustPublish(t, h, "a", 1)
-		c := dialWith(t, srv.Client(), srv.URL+"?topic=a", lastID(0))
-		if !isTLS.Load() || c.resp.TLS == nil || c.resp.ProtoMajor != 1 || !c.resp.Close {
-			t.Fatalf("not a detached HTTP/1.1 TLS stream: %s close=%v", c.resp.Proto, c.resp.Close)
+		c := dialWith(t, srv.Client(), srv.URL+"?topic=a", wiretest.LastID(0))
+		if !isTLS.Load() || c.Response().TLS == nil || c.Response().ProtoMajor != 1 || !c.Response().Close {
+			t.Fatalf("not a detached HTTP/1.1 TLS stream: %s close=%v", c.Response().Proto, c.Response().Close)
 		}
-		c.hello()
-		if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(first.Sequence) {
+		c.Hello()
+		if f := c.NextNonHeartbeat(); f.ID != fmt.Sprint(first.Sequence) {
 			t.Fatalf("replayed %+v", f)
 		}
 		ev := mustPublish(t, h, "a", map[string]string{"big": strings.Repeat("x", 100<<10)})
-		if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) {
+		if f := c.NextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) {
 			t.Fatalf("live %+v", f)
 		}
 		for {
-			if f := c.next(); f.Event == "heartbeat" {
+			if f := c.Next(); f.Event == "heartbeat" {
 				break
 			}
 		}
 		if err := h.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.nextErr(waitFor); err == nil || err == errTimeout {
+		if _, err := c.NextErr(waitFor); err == nil || err == wiretest.ErrTimeout {
 			t.Fatalf("stream not ended by Close: %v", err)
 		}
 	})
@@ -233,7 +235,7 @@ func TestSSEDetachedCloseWithStuckClients(t *testing.T) {
 			fmt.Fprintf(conn, "GET /?topic=stuck HTTP/1.1\r\nHost: x\r\n\r\n")
 			conns = append(conns, conn)
 		}
-		waitUntil(t, "3 streams", func() bool { return h.Clients().ActiveClients("stuck") == 3 })
+		wiretest.WaitUntil(t, "3 streams", func() bool { return h.Clients().ActiveClients("stuck") == 3 })
 		big := strings.Repeat("x", 256<<10)
 		for range 40 { // 10 MiB each: their writes block
 			mustPublish(t, h, "stuck", big)
@@ -276,10 +278,10 @@ func TestSSEDetachedCountsSettle(t *testing.T) {
 		db, _ := openTestDB(t)
 		h := newTestHub(t, db, Options{SSE: SSEOptions{HeartbeatInterval: 20 * time.Millisecond}})
 		srv := serve(t, h)
-		var cs []*sseClient
+		var cs []*wiretest.Client
 		for i := range 20 {
 			c := dialWith(t, srv.Client(), fmt.Sprintf("%s?topic=t%d", srv.URL, i%3), nil)
-			c.hello()
+			c.Hello()
 			cs = append(cs, c)
 		}
 		if got := h.Clients().Total(); got != 20 {
@@ -288,16 +290,16 @@ func TestSSEDetachedCountsSettle(t *testing.T) {
 		for _, c := range cs {
 			c.Close()
 		}
-		waitUntil(t, "every stream to end", func() bool {
+		wiretest.WaitUntil(t, "every stream to end", func() bool {
 			return h.Clients().Total() == 0 && h.metrics.conns(transportSSE).Load() == 0
 		})
 	})
 }
 
 // dialWith is dial with a given client (for TLS).
-func dialWith(t testing.TB, client *http.Client, url string, header http.Header) *sseClient {
+func dialWith(t testing.TB, client *http.Client, url string, header http.Header) *wiretest.Client {
 	t.Helper()
-	c, status := dialClientStatus(t, client, url, header)
+	c, status := wiretest.DialClientStatus(t, client, url, header)
 	if status != http.StatusOK {
 		t.Fatalf("GET %s: %d", url, status)
 	}
@@ -310,7 +312,7 @@ func dialWith(t testing.TB, client *http.Client, url string, header http.Header)
 func TestSSEDetachedPanicEndsOnlyTheStream(t *testing.T) {
 	withDetach(t, func(t *testing.T) {
 		db, _ := openTestDB(t)
-		logs := &logRecorder{}
+		logs := &wiretest.LogRecorder{}
 		var panics atomic.Bool
 		h := newTestHub(t, db, Options{Logger: slog.New(logs), SSE: SSEOptions{
 			HeartbeatInterval: 20 * time.Millisecond,
@@ -323,12 +325,12 @@ func TestSSEDetachedPanicEndsOnlyTheStream(t *testing.T) {
 		}})
 		srv := serve(t, h)
 		panics.Store(true)
-		c := dial(t, srv.URL+"?topic=a", nil)
-		c.hello()
+		c := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+		c.Hello()
 		for {
-			f, err := c.nextErr(waitFor)
+			f, err := c.NextErr(waitFor)
 			if err != nil {
-				if err == errTimeout {
+				if err == wiretest.ErrTimeout {
 					t.Fatal("stream not ended by the panic")
 				}
 				break
@@ -337,17 +339,17 @@ func TestSSEDetachedPanicEndsOnlyTheStream(t *testing.T) {
 				t.Fatalf("frame %+v", f)
 			}
 		}
-		waitUntil(t, "the panic logged", func() bool {
-			return logs.has(slog.LevelError, "panic serving a detached stream", "panic", "heartbeat data")
+		wiretest.WaitUntil(t, "the panic logged", func() bool {
+			return logs.Has(slog.LevelError, "panic serving a detached stream", "panic", "heartbeat data")
 		})
 		panics.Store(false)
-		c2 := dial(t, srv.URL+"?topic=a", nil)
-		c2.hello()
+		c2 := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+		c2.Hello()
 		ev := mustPublish(t, h, "a", 1)
-		if f := c2.nextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) {
+		if f := c2.NextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) {
 			t.Fatalf("after the panic: %+v", f)
 		}
-		waitUntil(t, "the panicked stream released", func() bool { return h.Clients().ActiveClients("a") == 1 })
+		wiretest.WaitUntil(t, "the panicked stream released", func() bool { return h.Clients().ActiveClients("a") == 1 })
 	})
 }
 
@@ -372,13 +374,13 @@ func TestSSEDetachedFallsBackWithoutHijacker(t *testing.T) {
 		h.Handler().ServeHTTP(flushOnly{w}, r)
 	}))
 	t.Cleanup(srv.Close)
-	c := dial(t, srv.URL+"?topic=a", nil)
-	c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	c.Hello()
 	ev := mustPublish(t, h, "a", 1)
-	if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) {
+	if f := c.NextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) {
 		t.Fatalf("live %+v", f)
 	}
-	if detached.Load() != 0 || c.resp.Close || len(c.resp.TransferEncoding) == 0 {
-		t.Fatalf("detached %d, close=%v, transfer encoding %v", detached.Load(), c.resp.Close, c.resp.TransferEncoding)
+	if detached.Load() != 0 || c.Response().Close || len(c.Response().TransferEncoding) == 0 {
+		t.Fatalf("detached %d, close=%v, transfer encoding %v", detached.Load(), c.Response().Close, c.Response().TransferEncoding)
 	}
 }

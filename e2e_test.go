@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // End-to-end tests of the SSE endpoint over real HTTP and real SQLite files.
@@ -20,10 +22,10 @@ func TestSSEHandshakeRaceBeforeRead(t *testing.T) {
 	var raced Event
 	h.testHookAfterSubscribe = func() { once.Do(func() { raced = mustPublish(t, h, "a", "raced") }) }
 	srv := serve(t, h) // after setting the hook, which the handler reads
-	c := dial(t, srv.URL+"?topic=a", lastID(0))
-	c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(0))
+	c.Hello()
 	next := mustPublish(t, h, "a", "after")
-	if got := frameIDs(c.events(3)); !slices.Equal(got, []string{"1", fmt.Sprint(raced.Sequence), fmt.Sprint(next.Sequence)}) {
+	if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, []string{"1", fmt.Sprint(raced.Sequence), fmt.Sprint(next.Sequence)}) {
 		t.Fatalf("got %v", got)
 	}
 }
@@ -44,15 +46,15 @@ func TestSSEHandshakeRaceBeforeLive(t *testing.T) {
 		})
 	}
 	srv := serve(t, h)
-	c := dial(t, srv.URL+"?topic=a", lastID(0))
-	c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(0))
+	c.Hello()
 	select {
 	case <-hooked:
 	case <-time.After(waitFor):
 		t.Fatal("the hook never ran")
 	}
 	next := mustPublish(t, h, "a", "after")
-	if got := frameIDs(c.events(3)); !slices.Equal(got, []string{"1", fmt.Sprint(raced.Sequence), fmt.Sprint(next.Sequence)}) {
+	if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, []string{"1", fmt.Sprint(raced.Sequence), fmt.Sprint(next.Sequence)}) {
 		t.Fatalf("got %v", got)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Deleting the database file under a running hub, or moving another
@@ -45,7 +47,7 @@ func TestLogFileDeletedOrReplaced(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			db, path := openTestDB(t)
-			logs := &logRecorder{}
+			logs := &wiretest.LogRecorder{}
 			h := newTestHub(t, db, Options{Logger: slog.New(logs)})
 			mustPublish(t, h, "t", 1)
 			tc.replace(t, path)
@@ -55,7 +57,7 @@ func TestLogFileDeletedOrReplaced(t *testing.T) {
 			if _, err := h.Publish(context.Background(), "t", 2); !errors.Is(err, ErrLogReplaced) {
 				t.Fatalf("the next publish: %v, want ErrLogReplaced", err)
 			}
-			if n := logs.count(slog.LevelError, "database file", "path", path); n != 1 {
+			if n := logs.Count(slog.LevelError, "database file", "path", path); n != 1 {
 				t.Fatalf("%d Error logs naming %s, want 1:\n%s", n, path, logs)
 			}
 		})
@@ -65,7 +67,7 @@ func TestLogFileDeletedOrReplaced(t *testing.T) {
 // A tailing hub notices the file is gone without any publish.
 func TestLogFileDeletedNoticedByTail(t *testing.T) {
 	db, path := openTestDB(t)
-	logs := &logRecorder{}
+	logs := &wiretest.LogRecorder{}
 	h := newTestHub(t, db, Options{Logger: slog.New(logs)})
 	stop, err := h.StartTail(10*time.Millisecond, TailOptions{})
 	if err != nil {
@@ -75,8 +77,8 @@ func TestLogFileDeletedNoticedByTail(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the tail to log the deleted file", func() bool {
-		return logs.has(slog.LevelError, "database file", "path", path)
+	wiretest.WaitUntil(t, "the tail to log the deleted file", func() bool {
+		return logs.Has(slog.LevelError, "database file", "path", path)
 	})
 	if _, err := h.Publish(context.Background(), "t", 1); !errors.Is(err, ErrLogReplaced) {
 		t.Fatalf("publish after the tail saw the file deleted: %v, want ErrLogReplaced", err)

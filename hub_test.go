@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // One bad publish in a group-commit batch must not fail its neighbours. No
@@ -175,18 +177,6 @@ func TestPruneByCountAndAge(t *testing.T) {
 	}
 }
 
-// waitUntil polls cond until it holds, failing the test after waitFor.
-func waitUntil(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestTailIdleReadsOnlyHead(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
@@ -197,12 +187,12 @@ func TestTailIdleReadsOnlyHead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	waitUntil(t, "20 idle polls", func() bool { return counting.heads.Load() >= 20 })
+	wiretest.WaitUntil(t, "20 idle polls", func() bool { return counting.heads.Load() >= 20 })
 	if n := counting.reads.Load(); n != 0 {
 		t.Fatalf("idle tail read rows %d times", n)
 	}
 	mustPublish(t, h, "a", 1) // its own publish: delivered without a read
-	waitUntil(t, "another idle poll", func() bool { return counting.heads.Load() >= 30 })
+	wiretest.WaitUntil(t, "another idle poll", func() bool { return counting.heads.Load() >= 30 })
 	stop()
 	if n := counting.reads.Load(); n != 0 {
 		t.Fatalf("tail re-read the hub's own publish %d times", n)
@@ -223,7 +213,7 @@ func TestTailBacksOffWhileIdle(t *testing.T) {
 	// next nine wait 1+2+4+...+128+200 = 455ms in all; at a fixed 1ms they
 	// would take about 10ms.
 	start := time.Now()
-	waitUntil(t, "10 polls", func() bool { return counting.heads.Load() >= 10 })
+	wiretest.WaitUntil(t, "10 polls", func() bool { return counting.heads.Load() >= 10 })
 	if elapsed := time.Since(start); elapsed < 450*time.Millisecond {
 		t.Fatalf("10 idle polls took %v: no back-off", elapsed)
 	}
@@ -311,12 +301,12 @@ func TestStatsAndTracker(t *testing.T) {
 	h := newTestHub(t, db, Options{})
 	srv := serve(t, h)
 	mustPublish(t, h, "a", 1)
-	a1 := dial(t, srv.URL+"?topic=a", nil)
-	a1.hello()
-	a2 := dial(t, srv.URL+"?topic=a", nil)
-	a2.hello()
-	g := dial(t, srv.URL, nil)
-	g.hello()
+	a1 := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	a1.Hello()
+	a2 := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	a2.Hello()
+	g := wiretest.Dial(t, srv.URL, nil)
+	g.Hello()
 	st, err := h.Stats(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -330,7 +320,7 @@ func TestStatsAndTracker(t *testing.T) {
 	}
 	a1.Close()
 	a2.Close()
-	waitUntil(t, "tracker to see the disconnects", func() bool { return h.Clients().ActiveClients("a") == 0 })
+	wiretest.WaitUntil(t, "tracker to see the disconnects", func() bool { return h.Clients().ActiveClients("a") == 0 })
 	// The subscriptions are gone too.
 	h.live.subsMu.Lock()
 	subs := len(h.live.byTopic["a"])
@@ -363,18 +353,7 @@ func (c *countingStore) Read(ctx context.Context, req ReadRequest) (Page, error)
 // recordLive subscribes to h until the test ends and returns a function
 // that reports the sequences delivered so far.
 func recordLive(t testing.TB, h *EventHub) func() []int64 {
-	var (
-		mu   sync.Mutex
-		seen []int64
-	)
-	t.Cleanup(h.Subscribe(func(ev Event) {
-		mu.Lock()
-		seen = append(seen, ev.Sequence)
-		mu.Unlock()
-	}))
-	return func() []int64 {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(seen)
-	}
+	var seen wiretest.Seqs
+	t.Cleanup(h.Subscribe(func(ev Event) { seen.Add(ev.Sequence) }))
+	return seen.Seen
 }

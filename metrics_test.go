@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // A value equal to a bound falls in that bound's bucket; above the last
@@ -66,8 +68,8 @@ func TestMetricsTailLag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the tail to deliver", func() bool { return len(seen()) == 1 })
-	waitUntil(t, "the poll to be counted", func() bool { return server.Metrics().TailPolls == 1 })
+	wiretest.WaitUntil(t, "the tail to deliver", func() bool { return len(seen()) == 1 })
+	wiretest.WaitUntil(t, "the poll to be counted", func() bool { return server.Metrics().TailPolls == 1 })
 	lag := server.Metrics().TailLag
 	if max := time.Since(ev.CreatedAt); lag < age || lag > max {
 		t.Fatalf("tail lag %v, want between %v and %v", lag, age, max)

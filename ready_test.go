@@ -3,68 +3,12 @@ package replayd
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
-
-// getReady asks h's ReadyHandler over real HTTP and returns status and body.
-func getReady(t *testing.T, h *EventHub) (int, string) {
-	t.Helper()
-	srv := httptest.NewServer(h.ReadyHandler())
-	defer srv.Close()
-	resp, err := http.Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
-}
-
-func readyWithin(h *EventHub, d time.Duration) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	start := time.Now()
-	err := h.Ready(ctx)
-	return time.Since(start), err
-}
-
-// Ready answers nil on a healthy in-memory database, writes nothing, and
-// leaves the writer usable; after Close it is ErrClosed and the handler
-// says 503. (On a file, and on every store: hubtest's Ready.)
-func TestReady(t *testing.T) {
-	db, err := OpenDB(":memory:")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	h := newTestHub(t, db, Options{})
-	ev := mustPublish(t, h, "a", 1)
-	for range 3 {
-		if _, err := readyWithin(h, waitFor); err != nil {
-			t.Fatalf("Ready: %v", err)
-		}
-	}
-	if code, body := getReady(t, h); code != http.StatusOK || body != "ok\n" {
-		t.Fatalf("ReadyHandler: %d %q", code, body)
-	}
-	if head, _ := h.LatestSequence(context.Background()); head != ev.Sequence {
-		t.Fatalf("head %d after Ready, want %d: the probe wrote", head, ev.Sequence)
-	}
-	if ev2 := mustPublish(t, h, "a", 2); ev2.Sequence != ev.Sequence+1 {
-		t.Fatalf("publish after Ready got %d", ev2.Sequence)
-	}
-	h.Close()
-	if _, err := readyWithin(h, waitFor); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Ready after Close: %v", err)
-	}
-	if code, body := getReady(t, h); code != http.StatusServiceUnavailable || body != "not ready\n" {
-		t.Fatalf("ReadyHandler after Close: %d %q", code, body)
-	}
-}
 
 // A database another connection keeps write-locked makes Ready fail within
 // its context's deadline, also while this hub's writer is itself waiting
@@ -99,11 +43,11 @@ func TestReadyLockedDatabase(t *testing.T) {
 	defer unlock()
 
 	const deadline = 300 * time.Millisecond
-	took, err := readyWithin(h, deadline)
+	took, err := wiretest.ReadyWithin(h.Ready, deadline)
 	if !errors.Is(err, context.DeadlineExceeded) || took > deadline+time.Second {
 		t.Fatalf("Ready on a locked database: %v after %v, want a deadline error within %v", err, took, deadline)
 	}
-	if code, _ := getReady(t, h); code != http.StatusServiceUnavailable {
+	if code, _ := wiretest.GetReady(t, h.ReadyHandler()); code != http.StatusServiceUnavailable {
 		t.Fatalf("ReadyHandler on a locked database: %d", code)
 	}
 
@@ -113,14 +57,14 @@ func TestReadyLockedDatabase(t *testing.T) {
 		_, err := h.Publish(context.Background(), "a", 2)
 		published <- err
 	}()
-	waitUntil(t, "the writer to hold writeMu", func() bool {
+	wiretest.WaitUntil(t, "the writer to hold writeMu", func() bool {
 		if mu := &h.store.s.(*sqliteStore).writeMu; mu.TryLock() {
 			mu.Unlock()
 			return false
 		}
 		return true
 	})
-	took, err = readyWithin(h, deadline)
+	took, err = wiretest.ReadyWithin(h.Ready, deadline)
 	if !errors.Is(err, context.DeadlineExceeded) || took > deadline+time.Second {
 		t.Fatalf("Ready behind a waiting writer: %v after %v", err, took)
 	}
@@ -129,7 +73,7 @@ func TestReadyLockedDatabase(t *testing.T) {
 	if err := <-published; err != nil {
 		t.Fatalf("publish once unlocked: %v", err)
 	}
-	if _, err := readyWithin(h, waitFor); err != nil {
+	if _, err := wiretest.ReadyWithin(h.Ready, waitFor); err != nil {
 		t.Fatalf("Ready once unlocked: %v", err)
 	}
 	mustPublish(t, h, "a", 3)

@@ -1,52 +1,17 @@
 package replayd
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-func stalledConn(srvURL string, cursor, minBytes int) (net.Conn, error) {
-	u, err := url.Parse(srvURL)
-	if err != nil {
-		return nil, err
-	}
-	conn, err := net.Dial("tcp", u.Host)
-	if err != nil {
-		return nil, err
-	}
-	conn.(*net.TCPConn).SetReadBuffer(16 << 10)
-	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nLast-Event-ID: %d\r\n\r\n", u.Host, cursor)
-	conn.SetReadDeadline(time.Now().Add(waitFor))
-	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 64<<10), nil)
-	if err != nil {
-		return conn, err
-	}
-	buf := make([]byte, 64<<10)
-	var seen bytes.Buffer
-	for n := 0; n < minBytes; {
-		k, err := resp.Body.Read(buf)
-		if seen.Len() < 4096 {
-			seen.Write(buf[:min(k, 4096)])
-		}
-		n += k
-		if err != nil {
-			return conn, fmt.Errorf("read %d bytes, then %v", n, err)
-		}
-	}
-	if !strings.Contains(seen.String(), "event: hello") {
-		return conn, fmt.Errorf("no hello at the start: %q", seen.String()[:min(seen.Len(), 200)])
-	}
-	return conn, nil
-}
+	"github.com/replayd/replayd/internal/wiretest"
+)
 
 // Rows pruned between two pages of a replay would be a silent hole: the
 // stream ends instead, and the reconnect gets a pruned gap naming them.
@@ -64,30 +29,30 @@ func TestReplayPruneBetweenPagesEndsStream(t *testing.T) {
 		}
 	}
 	srv := serve(t, h)
-	c := dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"0"}})
-	c.hello()
-	if g := parseGap(t, c.next()); g.Reason != "replay_limit" || *g.Missed != 100 || *g.MissedThrough != 100 {
+	c := wiretest.Dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"0"}})
+	c.Hello()
+	if g := wiretest.MustGap(t, c.Next()); g.Reason != "replay_limit" || *g.Missed != 100 || *g.MissedThrough != 100 {
 		t.Fatalf("gap %+v", g)
 	}
 	for want := 101; want <= 164; want++ {
-		if f := c.next(); f.ID != fmt.Sprint(want) {
+		if f := c.Next(); f.ID != fmt.Sprint(want) {
 			t.Fatalf("replayed id %q, want %d", f.ID, want)
 		}
 	}
-	if f, err := c.nextErr(waitFor); err == nil {
+	if f, err := c.NextErr(waitFor); err == nil {
 		t.Fatalf("after rows were pruned mid-replay the stream went on with %+v", f)
-	} else if err == errTimeout {
+	} else if err == wiretest.ErrTimeout {
 		t.Fatal("the stream neither ended nor went on")
 	}
 	h.testHookReplayPage = nil
-	c2 := dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"164"}})
-	c2.hello()
-	g := parseGap(t, c2.next())
+	c2 := wiretest.Dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"164"}})
+	c2.Hello()
+	g := wiretest.MustGap(t, c2.Next())
 	if g.Reason != "pruned" || *g.MissedFrom != 165 || *g.MissedThrough != 180 {
 		t.Fatalf("reconnect gap %+v", g)
 	}
 	for want := 181; want <= 200; want++ {
-		if f := c2.next(); f.ID != fmt.Sprint(want) {
+		if f := c2.Next(); f.ID != fmt.Sprint(want) {
 			t.Fatalf("replayed id %q, want %d", f.ID, want)
 		}
 	}
@@ -119,7 +84,7 @@ func TestCloseManyClientsMidReplay(t *testing.T) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
-			conn, err := stalledConn(srvURL, 0, 4<<10)
+			conn, err := wiretest.StalledConn(srvURL, 0, 4<<10)
 			if conn != nil {
 				conns <- conn
 			}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // bus wakes every notifyingStore sharing it when one of them appends: an
@@ -156,7 +158,7 @@ func TestTailWokenByNotifier(t *testing.T) {
 		t.Fatal("the tail never waited for an append")
 	}
 	ev := mustPublish(t, hb, "a", "from b")
-	waitUntil(t, "b's row delivered on a", func() bool { return len(got()) == 1 })
+	wiretest.WaitUntil(t, "b's row delivered on a", func() bool { return len(got()) == 1 })
 	if g := got(); g[0] != ev.Sequence {
 		t.Fatalf("delivered %v, want [%d]", g, ev.Sequence)
 	}
@@ -224,7 +226,7 @@ func TestCatchUpReadsWithoutTheDeliveryLock(t *testing.T) {
 	}
 	ha.live.mu.Unlock()
 	close(gs.gate)
-	waitUntil(t, "b's rows delivered on a", func() bool { return len(got()) == 3 })
+	wiretest.WaitUntil(t, "b's rows delivered on a", func() bool { return len(got()) == 3 })
 	if g := got(); len(g) != 3 || g[0] != want[0] || g[2] != want[2] {
 		t.Fatalf("delivered %v, want %v", g, want)
 	}

@@ -4,60 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
-// subRecorder records what a SubscribeWithGaps subscriber is told, in order:
-// "e<seq>" for an event, "gap <reason> <after> <from>-<through>" for a gap.
-type subRecorder struct {
-	mu    sync.Mutex
-	items []string
-	seen  chan struct{} // signalled after every item
-}
-
-func recordSubscriber(h *EventHub) *subRecorder {
-	r := &subRecorder{seen: make(chan struct{}, 1)}
-	h.SubscribeWithGaps(func(ev Event) {
-		r.add(fmt.Sprintf("e%d", ev.Sequence))
-	}, func(g Gap) {
-		r.add(fmt.Sprintf("gap %s %d %d-%d", g.Reason, g.After, g.From, g.Through))
-	})
+// recordSubscriber records what a SubscribeWithGaps subscriber of h is
+// told, in order: "e<seq>" for an event, "gap <reason> <after>
+// <from>-<through>" for a gap.
+func recordSubscriber(h *EventHub) *wiretest.Recorder {
+	r := wiretest.NewRecorder()
+	h.SubscribeWithGaps(func(ev Event) { r.Add(fmt.Sprintf("e%d", ev.Sequence)) },
+		func(g Gap) { r.Add(fmt.Sprintf("gap %s %d %d-%d", g.Reason, g.After, g.From, g.Through)) })
 	return r
-}
-
-func (r *subRecorder) add(s string) {
-	r.mu.Lock()
-	r.items = append(r.items, s)
-	r.mu.Unlock()
-	select {
-	case r.seen <- struct{}{}:
-	default:
-	}
-}
-
-func (r *subRecorder) snapshot() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.items...)
-}
-
-// waitFor waits until the recorder holds n items and returns them.
-func (r *subRecorder) wait(t testing.TB, n int) []string {
-	t.Helper()
-	deadline := time.After(waitFor)
-	for {
-		if got := r.snapshot(); len(got) >= n {
-			return got
-		}
-		select {
-		case <-r.seen:
-		case <-deadline:
-			t.Fatalf("subscriber got %q, want %d items", r.snapshot(), n)
-		}
-	}
 }
 
 // resetLog empties the log from outside, as a new database would: every row
@@ -80,23 +41,6 @@ func resetLog(t testing.TB, path string) {
 	}
 }
 
-// ended waits for c's stream to end, failing the test if an event arrives
-// or nothing happens in time.
-func (c *sseClient) ended(what string) {
-	c.t.Helper()
-	for {
-		f, err := c.nextErr(waitFor)
-		switch {
-		case errors.Is(err, errTimeout):
-			c.t.Fatalf("%s: the stream neither ended nor delivered", what)
-		case err != nil:
-			return
-		case f.Event != "heartbeat":
-			c.t.Fatalf("%s: the stream went on with %+v", what, f)
-		}
-	}
-}
-
 // After the log is reset from outside, the head is below the hub's live
 // position. A tailing hub must notice (not wait until the sequence passes
 // its old position): it ends its streams, whose clients reconnect with an
@@ -111,12 +55,12 @@ func TestTailLogResetDeliversLive(t *testing.T) {
 		old = mustPublish(t, h, "a", "old").Sequence
 	}
 	rec := recordSubscriber(h)
-	before := dial(t, srv.URL+"?topic=a", nil)
-	before.hello()
+	before := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	before.Hello()
 
 	resetLog(t, path)
-	after := dial(t, srv.URL+"?topic=a", nil) // after the reset, before the hub knows
-	if _, _, cursor, _ := after.hello(); cursor != 0 {
+	after := wiretest.Dial(t, srv.URL+"?topic=a", nil) // after the reset, before the hub knows
+	if _, _, cursor, _ := after.Hello(); cursor != 0 {
 		t.Fatalf("hello cursor %d after the reset, want 0", cursor)
 	}
 	stop, err := h.StartTail(10*time.Millisecond, TailOptions{})
@@ -126,22 +70,22 @@ func TestTailLogResetDeliversLive(t *testing.T) {
 	defer stop()
 
 	// The tail notices: every stream ends, and subscribers are told.
-	before.ended("connected before the reset")
-	after.ended("connected after the reset")
+	before.Ended("connected before the reset")
+	after.Ended("connected after the reset")
 	want := fmt.Sprintf("gap unknown_cursor %d 1-0", old)
-	if got := rec.wait(t, 1); got[0] != want {
+	if got := rec.Wait(t, 1); got[0] != want {
 		t.Fatalf("subscriber got %q, want %q", got, want)
 	}
 	// The clients reconnect with their last ids.
-	before = dial(t, srv.URL+"?topic=a", lastID(old))
-	before.hello()
-	if g := parseGap(t, before.next()); g.Reason != "unknown_cursor" {
-		t.Fatalf("gap %s", gapString(g))
+	before = wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(old))
+	before.Hello()
+	if g := wiretest.MustGap(t, before.Next()); g.Reason != "unknown_cursor" {
+		t.Fatalf("gap %s", g.String())
 	}
-	after = dial(t, srv.URL+"?topic=a", lastID(0))
-	after.hello()
-	late := dial(t, srv.URL+"?topic=a", nil)
-	late.hello()
+	after = wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(0))
+	after.Hello()
+	late := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	late.Hello()
 
 	// Another process publishes into the new log: live for everyone.
 	other := secondHub(t, path, Options{})
@@ -149,12 +93,12 @@ func TestTailLogResetDeliversLive(t *testing.T) {
 	if ev.Sequence >= old {
 		t.Fatalf("new sequence %d is not below the old %d: no reset", ev.Sequence, old)
 	}
-	for name, c := range map[string]*sseClient{"before": before, "after": after, "late": late} {
-		if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) || f.Data != `"new"` {
+	for name, c := range map[string]*wiretest.Client{"before": before, "after": after, "late": late} {
+		if f := c.NextNonHeartbeat(); f.ID != fmt.Sprint(ev.Sequence) || f.Data != `"new"` {
 			t.Fatalf("client connected %s the reset got %+v, want id %d", name, f, ev.Sequence)
 		}
 	}
-	if got := rec.wait(t, 2); got[1] != fmt.Sprintf("e%d", ev.Sequence) {
+	if got := rec.Wait(t, 2); got[1] != fmt.Sprintf("e%d", ev.Sequence) {
 		t.Fatalf("subscriber got %q", got)
 	}
 }
@@ -170,23 +114,23 @@ func TestPublishAfterLogResetDeliversLive(t *testing.T) {
 		old = mustPublish(t, h, "", "old").Sequence
 	}
 	rec := recordSubscriber(h)
-	c := dial(t, srv.URL, nil)
-	c.hello()
+	c := wiretest.Dial(t, srv.URL, nil)
+	c.Hello()
 
 	resetLog(t, path)
 	ev := mustPublish(t, h, "", "new")
 	want := []string{fmt.Sprintf("gap unknown_cursor %d 1-%d", old, ev.Sequence-1), fmt.Sprintf("e%d", ev.Sequence)}
-	if got := rec.wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := rec.Wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("subscriber got %q, want %q", got, want)
 	}
-	c.ended("connected before the reset")
-	c = dial(t, srv.URL, lastID(old))
-	c.hello()
-	if g := parseGap(t, c.next()); g.Reason != "unknown_cursor" {
-		t.Fatalf("gap %s", gapString(g))
+	c.Ended("connected before the reset")
+	c = wiretest.Dial(t, srv.URL, wiretest.LastID(old))
+	c.Hello()
+	if g := wiretest.MustGap(t, c.Next()); g.Reason != "unknown_cursor" {
+		t.Fatalf("gap %s", g.String())
 	}
 	next := mustPublish(t, h, "", "next")
-	if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(next.Sequence) {
+	if f := c.NextNonHeartbeat(); f.ID != fmt.Sprint(next.Sequence) {
 		t.Fatalf("after the reset: %+v, want id %d", f, next.Sequence)
 	}
 }
@@ -218,8 +162,8 @@ func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
 	fs := &faultyStore{Store: h.store.s}
 	h.store.s = fs // the writer reads it only after the next publish hands it an event
 	rec := recordSubscriber(h)
-	c := dial(t, srv.URL, nil)
-	c.hello()
+	c := wiretest.Dial(t, srv.URL, nil)
+	c.Hello()
 	for range 3 {
 		mustPublish(t, other, "a", "unread")
 	}
@@ -229,8 +173,8 @@ func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
 		fmt.Sprintf("gap unreadable %d %d-%d", first.Sequence, first.Sequence+1, first.Sequence+3),
 		fmt.Sprintf("e%d", ev.Sequence),
 	}
-	if got := rec.wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := rec.Wait(t, 2); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("subscriber got %q, want %q", got, want)
 	}
-	c.ended("connected before the unreadable rows")
+	c.Ended("connected before the unreadable rows")
 }

@@ -13,31 +13,55 @@ import (
 // The hub's behaviour suite on the SQLite store: each subtest gets a new
 // database file, and each hub on it its own *sql.DB, as another process
 // would. Then again with DetachConnections on, for the subtests that
-// were run detached before they moved to hubtest (TestSSEDetached).
+// were run detached before they moved to hubtest (TestSSEDetached), and
+// on an in-memory database for those that open a single hub (Ready; it was
+// the root's TestReady).
 func TestHubSuite(t *testing.T) {
 	hubtest.Run(t, sqliteLog)
 	t.Run("Detached", func(t *testing.T) { hubtest.Run(t, detachedLog) })
+	t.Run("Memory", func(t *testing.T) { hubtest.Run(t, memoryLog) })
 }
 
 // sqliteLog is the suite's factory: a fresh database file, and hubs on it.
 func sqliteLog(t *testing.T) func(opts replayd.Options) *replayd.EventHub {
 	path := filepath.Join(t.TempDir(), "log.db")
-	return func(opts replayd.Options) *replayd.EventHub {
-		db, err := replayd.OpenDB(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := replayd.New(db, opts)
-		if err != nil {
-			db.Close()
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			h.Close()
-			db.Close()
-		})
-		return h
+	return func(opts replayd.Options) *replayd.EventHub { return openHub(t, path, opts) }
+}
+
+// openHub opens the database dsn with a pool of its own, as another
+// process would, and a hub on it; both are closed at the end of the test.
+func openHub(t *testing.T, dsn string, opts replayd.Options) *replayd.EventHub {
+	db, err := replayd.OpenDB(dsn)
+	if err != nil {
+		t.Fatal(err)
 	}
+	h, err := replayd.New(db, opts)
+	if err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		db.Close()
+	})
+	return h
+}
+
+// onMemory names the subtests run on an in-memory database (":memory:",
+// one database shared by the pool): those that open a single hub.
+var onMemory = map[string]bool{
+	"Ready": true,
+}
+
+// memoryLog is the suite's factory on an in-memory database, for the
+// subtests in onMemory; each call opens a new, empty database.
+func memoryLog(t *testing.T) func(opts replayd.Options) *replayd.EventHub {
+	_, name, _ := strings.Cut(t.Name(), "/Memory/")
+	name, _, _ = strings.Cut(name, "/")
+	if !onMemory[name] {
+		t.Skip("not run on an in-memory database")
+	}
+	return func(opts replayd.Options) *replayd.EventHub { return openHub(t, ":memory:", opts) }
 }
 
 // servedDetached names the subtests run with DetachConnections on, and

@@ -102,7 +102,7 @@ func (e *env) readLog() (rows []replayd.Event, mark int64, err error) {
 	}
 	if g := ans.Gap; g != nil {
 		if g.Reason != reasonPruned || g.MissedThrough == nil {
-			return nil, 0, fmt.Errorf("poll from cursor 0: gap %s", gapString(g))
+			return nil, 0, fmt.Errorf("poll from cursor 0: gap %s", g.String())
 		}
 		mark = *g.MissedThrough
 	}
@@ -385,11 +385,11 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 		case reasonPruned:
 			if g.ResumedFrom == nil || *g.ResumedFrom != sent || g.MissedFrom == nil || *g.MissedFrom != sent+1 ||
 				g.MissedThrough == nil || *g.MissedThrough < sent+1 || *g.MissedThrough > head || g.Missed != nil {
-				return st, fmt.Errorf("pruned gap %s after cursor %d, head %d", gapString(g), sent, head)
+				return st, fmt.Errorf("pruned gap %s after cursor %d, head %d", g.String(), sent, head)
 			}
 			// Honest: some event of the scope in the range was pruned.
 			if !slices.ContainsFunc(v.visibleIn(c.topics, sent, *g.MissedThrough+1), func(s int64) bool { return !v.inDB[s] }) {
-				return st, fmt.Errorf("pruned gap %s, but every event of the scope in its range is still in the log", gapString(g))
+				return st, fmt.Errorf("pruned gap %s, but every event of the scope in its range is still in the log", g.String())
 			}
 			covered = [2]int64{*g.MissedFrom, *g.MissedThrough}
 		default:
@@ -448,11 +448,6 @@ type holeError struct{ seq, prev, next int64 }
 
 func (h *holeError) Error() string {
 	return fmt.Sprintf("silent hole: event %d is visible, between delivered %d and %d, and in no gap", h.seq, h.prev, h.next)
-}
-
-func gapString(g *wiretest.Gap) string {
-	b, _ := json.Marshal(g)
-	return string(b)
 }
 
 // trace describes a violating connection: what it was, the frames around

@@ -15,36 +15,11 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Request admission (SPEC §9, §10) over real HTTP: strict topic parsing,
 // Options.Authorize's grant, and a request context that ends.
-
-// get sends a GET and returns its status and body, read whole: it fails
-// the test on a transport error or an answer that does not end within
-// waitFor (a stream served where a refusal was due).
-func get(t testing.TB, u string, header http.Header) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, vs := range header {
-		req.Header[k] = vs
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", u, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: status %d, read the body: %v", u, resp.StatusCode, err)
-	}
-	return resp.StatusCode, string(body)
-}
 
 // A query that does not parse is refused: net/url drops a malformed pair,
 // so "?topic=a;b" would otherwise be served as a global stream of every
@@ -56,7 +31,7 @@ func testSSETopicQueryStrict(t *testing.T, newLog func(t *testing.T) opener) {
 	mustPublish(t, h, "a;b", "a topic Publish accepts")
 	mustPublish(t, h, "other", "invisible to a;b")
 	for _, q := range []string{"?topic=a;b", "?topic=a%3Bb;x=1", "?topic=a&x=%zz", "?%zz&topic=a", "?topic=a&topic=b&topic=c&topic=d"} {
-		status, body := get(t, srv.URL+q, lastID(0))
+		status, body := wiretest.Get(t, srv.URL+q, wiretest.LastID(0))
 		if status != http.StatusBadRequest {
 			t.Errorf("%s: status %d, body %q; want 400", q, status, body)
 		}
@@ -66,26 +41,26 @@ func testSSETopicQueryStrict(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 
 	// The topic, escaped, is served as itself.
-	c := dial(t, srv.URL+"?topic="+url.QueryEscape("a;b"), lastID(0))
-	if _, topic, _, _ := c.hello(); topic == nil || *topic != "a;b" {
+	c := wiretest.Dial(t, srv.URL+"?topic="+url.QueryEscape("a;b"), wiretest.LastID(0))
+	if _, topic, _, _ := c.Hello(); topic == nil || *topic != "a;b" {
 		t.Fatalf("topic %v, want a;b", topic)
 	}
-	if f := c.next(); f.ID != "1" {
+	if f := c.Next(); f.ID != "1" {
 		t.Fatalf("got %+v, want the event of a;b", f)
 	}
 	c.Close()
 
 	// Blank values are ignored and repeats count once.
 	for _, q := range []string{"?topic=&topic=a", "?topic=a&topic=a", "?topic=%20a%20&topic=a&topic="} {
-		c := dial(t, srv.URL+q, nil)
-		if _, topic, _, _ := c.hello(); topic == nil || *topic != "a" {
+		c := wiretest.Dial(t, srv.URL+q, nil)
+		if _, topic, _, _ := c.Hello(); topic == nil || *topic != "a" {
 			t.Errorf("%s: topic %v, want a", q, topic)
 		}
 		c.Close()
 	}
 	// MaxTopics distinct topics, repeated, are within the limit.
-	c = dial(t, srv.URL+"?topic=a&topic=b&topic=c&topic=a&topic=b", nil)
-	c.hello()
+	c = wiretest.Dial(t, srv.URL+"?topic=a&topic=b&topic=c&topic=a&topic=b", nil)
+	c.Hello()
 }
 
 // Access is revoked by ending the request's context: middleware that ties
@@ -117,27 +92,23 @@ func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) ope
 	srv := httptest.NewServer(mw)
 	t.Cleanup(srv.Close)
 
-	alice := dial(t, srv.URL+"?topic=room&session=alice", nil)
-	bob := dial(t, srv.URL+"?topic=room&session=bob", nil)
-	alice.hello()
-	bob.hello()
+	alice := wiretest.Dial(t, srv.URL+"?topic=room&session=alice", nil)
+	bob := wiretest.Dial(t, srv.URL+"?topic=room&session=bob", nil)
+	alice.Hello()
+	bob.Hello()
 	ev := mustPublish(t, h, "room", 1)
-	for _, c := range []*sseClient{alice, bob} {
-		if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("got %+v", f)
-		}
+	for _, c := range []*wiretest.Client{alice, bob} {
+		c.NextIs(ev.Sequence, "got")
 	}
 	revoke("alice")
 	start := time.Now()
-	if f, err := alice.nextErr(waitFor); !errors.Is(err, io.EOF) {
+	if f, err := alice.NextErr(waitFor); !errors.Is(err, io.EOF) {
 		t.Fatalf("after revocation alice got %+v, %v; want the stream to end", f, err)
 	}
 	t.Logf("stream ended %v after revocation", time.Since(start))
-	waitUntil(t, "the revoked stream to leave the tracker", func() bool { return h.Clients().Total() == 1 })
+	wiretest.WaitUntil(t, "the revoked stream to leave the tracker", func() bool { return h.Clients().Total() == 1 })
 	ev = mustPublish(t, h, "room", 2)
-	if f := bob.next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("bob got %+v", f)
-	}
+	bob.NextIs(ev.Sequence, "bob got")
 }
 
 // A client granted topic "a" while events flow on a denied topic: nothing
@@ -167,7 +138,7 @@ func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) open
 	})
 	srv := serve(t, h)
 	for _, q := range []string{"", "?topic=secret", "?topic=a&topic=secret", "?topic=secret&topic=a"} {
-		if status, _ := get(t, srv.URL+q, nil); status != http.StatusForbidden {
+		if status, _ := wiretest.Get(t, srv.URL+q, nil); status != http.StatusForbidden {
 			t.Fatalf("%q: status %d, want 403", q, status)
 		}
 	}
@@ -181,8 +152,8 @@ func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) open
 			visible[ev.Sequence] = true
 		}
 	}
-	live := dial(t, srv.URL+"?topic=a", nil)
-	live.hello()
+	live := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	live.Hello()
 	pattern := []string{"secret", "a", "secret", "secret", "", "secret", "a", "secret", "a", "secret", "a", "secret"}
 	for i, topic := range pattern {
 		pub(topic, i)
@@ -194,24 +165,24 @@ func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) open
 			want = append(want, fmt.Sprint(ev.Sequence))
 		}
 	}
-	if got := frameIDs(live.events(len(want))); !slices.Equal(got, want) {
+	if got := wiretest.FrameIDs(live.Events(len(want))); !slices.Equal(got, want) {
 		t.Fatalf("live ids %v, want %v", got, want)
 	}
 	mustPublish(t, h, "secret", "after")
 	sentinel := mustPublish(t, h, "a", "sentinel")
-	if f := live.nextNonHeartbeat(); f.ID != fmt.Sprint(sentinel.Sequence) {
+	if f := live.NextNonHeartbeat(); f.ID != fmt.Sprint(sentinel.Sequence) {
 		t.Fatalf("live got %+v, want the sentinel", f)
 	}
-	if f := live.next(); f.Event != "heartbeat" || !strings.Contains(f.Data, `"topic":"a"`) {
+	if f := live.Next(); f.Event != "heartbeat" || !strings.Contains(f.Data, `"topic":"a"`) {
 		t.Fatalf("live got %+v, want a heartbeat for a", f)
 	}
 	live.Close()
 
 	// Replay from 0 past the limit: the gap names only visible events, the
 	// count is theirs, and the window holds only them.
-	c := dial(t, srv.URL+"?topic=a", lastID(0))
-	c.hello()
-	g := parseGap(t, c.nextNonHeartbeat())
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(0))
+	c.Hello()
+	g := wiretest.MustGap(t, c.NextNonHeartbeat())
 	vis := slices.Sorted(func(yield func(int64) bool) {
 		for s := range visible {
 			if !yield(s) {
@@ -222,10 +193,10 @@ func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) open
 	vis = append(vis, sentinel.Sequence)
 	skipped := vis[:len(vis)-3]
 	if g.Reason != "replay_limit" || *g.MissedFrom != skipped[0] || *g.MissedThrough != skipped[len(skipped)-1] || *g.Missed != int64(len(skipped)) {
-		t.Fatalf("gap %s, want replay_limit over %v", gapString(g), skipped)
+		t.Fatalf("gap %s, want replay_limit over %v", g.String(), skipped)
 	}
 	var gotReplay []string
-	for _, f := range c.events(3) {
+	for _, f := range c.Events(3) {
 		gotReplay = append(gotReplay, f.ID)
 		if strings.Contains(f.Data, "secret") {
 			t.Fatalf("replayed a denied event: %+v", f)
@@ -252,9 +223,9 @@ func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) open
 	if n, err := h.Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 1}); err != nil || n != int64(len(all))+5 {
 		t.Fatalf("pruned %d, %v; want every event up to %d", n, err, through)
 	}
-	c = dial(t, srv.URL+"?topic=a", lastID(cursor))
-	c.hello()
-	if f := c.nextNonHeartbeat(); f.ID != fmt.Sprint(after.Sequence) {
+	c = wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(cursor))
+	c.Hello()
+	if f := c.NextNonHeartbeat(); f.ID != fmt.Sprint(after.Sequence) {
 		t.Fatalf("after pruning the denied topic above the cursor, the resume got %+v, want %d", f, after.Sequence)
 	}
 	hbMu.Lock()

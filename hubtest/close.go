@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Close ends everything the hub started, and refuses what comes after.
@@ -22,12 +23,12 @@ func testCloseStopsEverything(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	stopRet := h.StartRetention(replayd.RetentionPolicy{MaxEvents: 1}, time.Millisecond)
 	srv := serve(t, h)
-	c := dial(t, srv.URL, nil)
-	c.hello()
+	c := wiretest.Dial(t, srv.URL, nil)
+	c.Hello()
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.nextErr(waitFor); err == nil || errors.Is(err, errTimeout) {
+	if _, err := c.NextErr(waitFor); err == nil || errors.Is(err, wiretest.ErrTimeout) {
 		t.Fatalf("stream not ended by Close: %v", err)
 	}
 	// A new connection is ended at once, with a 200 so that a browser

@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // opener opens a hub on one log; see Run.
@@ -134,7 +135,16 @@ var subtests = []struct {
 }
 
 // waitFor bounds every wait in the suite.
-const waitFor = 10 * time.Second
+const waitFor = wiretest.WaitFor
+
+// frame is one parsed SSE frame; gapJSON a gap frame's data, with nulls
+// kept as nil: the wire as the tests read it (internal/wiretest, shared
+// with the root's tests and chaostest, with the SSE client and the poll
+// requests).
+type (
+	frame   = wiretest.Frame
+	gapJSON = wiretest.Gap
+)
 
 // serve starts a real HTTP server for h's handler.
 func serve(t testing.TB, h *replayd.EventHub) *httptest.Server {
@@ -153,15 +163,12 @@ func mustPublish(t testing.TB, h *replayd.EventHub, topic string, payload any, o
 	return ev
 }
 
-// waitUntil polls cond until it holds, failing the test after waitFor.
-func waitUntil(t testing.TB, what string, cond func() bool) {
+// publishTopics publishes one event to each topic on h, in order, with the
+// topic as its payload.
+func publishTopics(t testing.TB, h *replayd.EventHub, topics ...string) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	for _, topic := range topics {
+		mustPublish(t, h, topic, topic)
 	}
 }
 

@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"slices"
@@ -18,76 +16,10 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // End-to-end tests of the poll endpoint (PollHandler) over real HTTP.
-
-// pollJSON is a poll answer as a client decodes it.
-type pollJSON struct {
-	Topics []string `json:"topics"`
-	Cursor int64    `json:"cursor"`
-	Head   int64    `json:"head"`
-	More   bool     `json:"more"`
-	Gap    *gapJSON `json:"gap"`
-	Events []struct {
-		ID    int64           `json:"id"`
-		Type  string          `json:"type"`
-		Topic *string         `json:"topic"`
-		Data  json.RawMessage `json:"data"`
-	} `json:"events"`
-}
-
-func (p pollJSON) ids() []int64 {
-	var ids []int64
-	for _, ev := range p.Events {
-		ids = append(ids, ev.ID)
-	}
-	return ids
-}
-
-// servePoll starts a real HTTP server with the SSE endpoint at /events and
-// the poll endpoint at /poll.
-func servePoll(t testing.TB, h *replayd.EventHub) string {
-	t.Helper()
-	mux := http.NewServeMux()
-	mux.Handle("/events", h.Handler())
-	mux.Handle("/poll", h.PollHandler())
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return srv.URL
-}
-
-// getPoll sends one poll request and returns its status, headers and body.
-func getPoll(t testing.TB, base, query string) (int, http.Header, []byte) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*waitFor)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/poll?"+query, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, resp.Header, body
-}
-
-// poll sends one poll request that must be answered 200 and decodes it.
-func poll(t testing.TB, base, query string) pollJSON {
-	t.Helper()
-	status, _, body := getPoll(t, base, query)
-	if status != http.StatusOK {
-		t.Fatalf("poll %q: %d %s", query, status, body)
-	}
-	var p pollJSON
-	if err := json.Unmarshal(body, &p); err != nil {
-		t.Fatalf("poll %q: %v: %s", query, err, body)
-	}
-	return p
-}
 
 func mustAtoi(t testing.TB, s string) int64 {
 	t.Helper()
@@ -101,12 +33,12 @@ func mustAtoi(t testing.TB, s string) int64 {
 func testPollAnswerShapeAndHeaders(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	a := mustPublish(t, h, "a", map[string]any{"n": 1, "text": "line one\nline two"})
 	b := mustPublish(t, h, "", []int{1, 2})
 	o := mustPublish(t, h, "other", 3)
 
-	status, hdr, body := getPoll(t, base, "topic=a&cursor=0")
+	status, hdr, body := wiretest.GetPoll(t, base, "topic=a&cursor=0")
 	if status != 200 || hdr.Get("Content-Type") != "application/json" || hdr.Get("Cache-Control") != "no-store" {
 		t.Fatalf("%d %v", status, hdr)
 	}
@@ -117,12 +49,12 @@ func testPollAnswerShapeAndHeaders(t *testing.T, newLog func(t *testing.T) opene
 		t.Fatalf("answer\n%s\nwant\n%s", body, want)
 	}
 	// Global scope: topics is [], every event.
-	p := poll(t, base, "cursor=0")
+	p := wiretest.Poll(t, base, "cursor=0")
 	if p.Topics == nil || len(p.Topics) != 0 || len(p.Events) != 3 {
 		t.Fatalf("global: %+v", p)
 	}
 	// Several topics, in the order first requested, each once.
-	p = poll(t, base, "topic=other&topic=a&topic=other&topic=+&cursor=0")
+	p = wiretest.Poll(t, base, "topic=other&topic=a&topic=other&topic=+&cursor=0")
 	if !slices.Equal(p.Topics, []string{"other", "a"}) || len(p.Events) != 3 {
 		t.Fatalf("several topics: %+v", p)
 	}
@@ -131,7 +63,7 @@ func testPollAnswerShapeAndHeaders(t *testing.T, newLog func(t *testing.T) opene
 func testPollFreshRequest(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	for range 3 {
 		mustPublish(t, h, "a", 1)
 	}
@@ -140,7 +72,7 @@ func testPollFreshRequest(t *testing.T, newLog func(t *testing.T) opener) {
 		t.Fatal(err)
 	}
 	for _, q := range []string{"topic=a", "topic=a&cursor=", "topic=a&cursor=&limit=&wait="} {
-		p := poll(t, base, q)
+		p := wiretest.Poll(t, base, q)
 		if p.Cursor != 3 || p.Head != 3 || p.Gap != nil || len(p.Events) != 0 || p.More {
 			t.Fatalf("%q: %+v", q, p)
 		}
@@ -150,14 +82,14 @@ func testPollFreshRequest(t *testing.T, newLog func(t *testing.T) opener) {
 func testPollBadParameters(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	for _, q := range []string{
 		"cursor=x", "cursor=-1", "cursor=1.5", "cursor=18446744073709551616",
 		"limit=0", "limit=-1", "limit=1.0", "limit=x",
 		"wait=-1", "wait=1e3", "wait=Inf", "wait=+1", "wait=.", "wait=1.2.3",
 		"topic=a;b", "topic=%00", "topic=" + strings.Repeat("x", 300),
 	} {
-		status, _, body := getPoll(t, base, q)
+		status, _, body := wiretest.GetPoll(t, base, q)
 		if status != http.StatusBadRequest {
 			t.Errorf("%q: %d %s, want 400", q, status, body)
 		}
@@ -179,7 +111,7 @@ func testPollBadParameters(t *testing.T, newLog func(t *testing.T) opener) {
 func testPollPagingAndClamping(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{Poll: replayd.PollOptions{MaxLimit: 7}})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	var want []int64
 	for i := range 40 {
 		topic := []string{"a", "b", ""}[i%3]
@@ -193,16 +125,16 @@ func testPollPagingAndClamping(t *testing.T, newLog func(t *testing.T) opener) {
 	var got []int64
 	cursor := int64(0)
 	for pages := 0; ; pages++ {
-		p := poll(t, base, fmt.Sprintf("topic=a&cursor=%d&limit=99999999999999999999", cursor))
+		p := wiretest.Poll(t, base, fmt.Sprintf("topic=a&cursor=%d&limit=99999999999999999999", cursor))
 		if p.Gap != nil {
-			t.Fatalf("page %d: gap %s", pages, gapString(*p.Gap))
+			t.Fatalf("page %d: gap %s", pages, p.Gap.String())
 		}
 		if len(p.Events) > 7 {
 			t.Fatalf("page of %d events", len(p.Events))
 		}
-		got = append(got, p.ids()...)
+		got = append(got, p.IDs()...)
 		if len(p.Events) > 0 && p.Cursor != p.Events[len(p.Events)-1].ID {
-			t.Fatalf("cursor %d after %v", p.Cursor, p.ids())
+			t.Fatalf("cursor %d after %v", p.Cursor, p.IDs())
 		}
 		if !p.More {
 			if p.Cursor != want[len(want)-1] {
@@ -216,7 +148,7 @@ func testPollPagingAndClamping(t *testing.T, newLog func(t *testing.T) opener) {
 		t.Fatalf("paged %v, want %v", got, want)
 	}
 	// The default limit is 100, under MaxLimit only if MaxLimit is higher.
-	if p := poll(t, base, "cursor=0"); len(p.Events) != 7 || !p.More {
+	if p := wiretest.Poll(t, base, "cursor=0"); len(p.Events) != 7 || !p.More {
 		t.Fatalf("default limit with MaxLimit 7: %d events, more %v", len(p.Events), p.More)
 	}
 }
@@ -224,36 +156,36 @@ func testPollPagingAndClamping(t *testing.T, newLog func(t *testing.T) opener) {
 func testPollGaps(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	for i := range 6 {
 		mustPublish(t, h, []string{"a", "b"}[i%2], i) // 1..6: a b a b a b
 	}
 	if _, err := h.Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 3}); err != nil {
 		t.Fatal(err) // deletes 1..3: watermarks a=3, b=2
 	}
-	p := poll(t, base, "topic=a&cursor=1&limit=5")
+	p := wiretest.Poll(t, base, "topic=a&cursor=1&limit=5")
 	if p.Gap == nil || p.Gap.Reason != "pruned" || *p.Gap.ResumedFrom != 1 || *p.Gap.MissedFrom != 2 ||
 		*p.Gap.MissedThrough != 3 || p.Gap.Missed != nil || p.Gap.ReplayLimit != 5 {
 		t.Fatalf("pruned: %+v", p)
 	}
-	if !slices.Equal(p.ids(), []int64{5}) || p.Cursor != 5 {
-		t.Fatalf("after the pruned gap: %v cursor %d", p.ids(), p.Cursor)
+	if !slices.Equal(p.IDs(), []int64{5}) || p.Cursor != 5 {
+		t.Fatalf("after the pruned gap: %v cursor %d", p.IDs(), p.Cursor)
 	}
 	// At the watermark: no gap.
-	if p := poll(t, base, "topic=a&cursor=3"); p.Gap != nil || !slices.Equal(p.ids(), []int64{5}) {
+	if p := wiretest.Poll(t, base, "topic=a&cursor=3"); p.Gap != nil || !slices.Equal(p.IDs(), []int64{5}) {
 		t.Fatalf("at the watermark: %+v", p)
 	}
 	// b's watermark is 2: cursor 2 is clean for b, not for the scope a+b.
-	if p := poll(t, base, "topic=b&cursor=2"); p.Gap != nil {
+	if p := wiretest.Poll(t, base, "topic=b&cursor=2"); p.Gap != nil {
 		t.Fatalf("b at its watermark: %+v", p)
 	}
-	if p := poll(t, base, "topic=b&topic=a&cursor=2"); p.Gap == nil || *p.Gap.MissedThrough != 3 {
+	if p := wiretest.Poll(t, base, "topic=b&topic=a&cursor=2"); p.Gap == nil || *p.Gap.MissedThrough != 3 {
 		t.Fatalf("a+b below a's watermark: %+v", p)
 	}
 	// Above the head: unknown_cursor, the cursor set to the head, no events,
 	// even with a wait.
 	start := time.Now()
-	p = poll(t, base, "topic=a&cursor=50&wait=5")
+	p = wiretest.Poll(t, base, "topic=a&cursor=50&wait=5")
 	if p.Gap == nil || p.Gap.Reason != "unknown_cursor" || *p.Gap.ResumedFrom != 50 || p.Gap.MissedFrom != nil ||
 		p.Gap.MissedThrough != nil || p.Gap.Missed != nil || p.Cursor != 6 || p.Head != 6 || len(p.Events) != 0 {
 		t.Fatalf("unknown cursor: %+v", p)
@@ -266,18 +198,18 @@ func testPollGaps(t *testing.T, newLog func(t *testing.T) opener) {
 func testPollLongPollWokenByPublish(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	head := mustPublish(t, h, "a", 0).Sequence
 
 	type result struct {
-		p   pollJSON
+		p   wiretest.PollAnswer
 		err error
 	}
 	ask := func(query string) chan result {
 		ch := make(chan result, 1)
 		go func() {
-			status, _, body := getPoll(t, base, query)
-			var p pollJSON
+			status, _, body := wiretest.GetPoll(t, base, query)
+			var p wiretest.PollAnswer
 			err := json.Unmarshal(body, &p)
 			if status != 200 && err == nil {
 				err = fmt.Errorf("status %d", status)
@@ -314,7 +246,7 @@ func testPollLongPollWokenByPublish(t *testing.T, newLog func(t *testing.T) open
 	ev := mustPublish(t, h, "a", "wake")
 	for _, ch := range []chan result{onA, fresh} {
 		r := <-ch
-		if r.err != nil || !slices.Equal(r.p.ids(), []int64{ev.Sequence}) || r.p.Cursor != ev.Sequence {
+		if r.err != nil || !slices.Equal(r.p.IDs(), []int64{ev.Sequence}) || r.p.Cursor != ev.Sequence {
 			t.Fatalf("woken poll: %+v %v", r.p, r.err)
 		}
 	}
@@ -323,7 +255,7 @@ func testPollLongPollWokenByPublish(t *testing.T, newLog func(t *testing.T) open
 	onA = ask(fmt.Sprintf("topic=a&cursor=%d&wait=20", ev.Sequence))
 	waitWaiters(1)
 	bc := mustPublish(t, h, "", "broadcast")
-	if r := <-onA; r.err != nil || !slices.Equal(r.p.ids(), []int64{bc.Sequence}) {
+	if r := <-onA; r.err != nil || !slices.Equal(r.p.IDs(), []int64{bc.Sequence}) {
 		t.Fatalf("broadcast: %+v %v", r.p, r.err)
 	}
 }
@@ -331,11 +263,11 @@ func testPollLongPollWokenByPublish(t *testing.T, newLog func(t *testing.T) open
 func testPollCloseAnswersWaitingPolls(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	const n = 20
-	done := make(chan pollJSON, n)
+	done := make(chan wiretest.PollAnswer, n)
 	for i := range n {
-		go func() { done <- poll(t, base, fmt.Sprintf("topic=t%d&cursor=0&wait=30", i%3)) }()
+		go func() { done <- wiretest.Poll(t, base, fmt.Sprintf("topic=t%d&cursor=0&wait=30", i%3)) }()
 	}
 	deadline := time.Now().Add(waitFor)
 	for h.Metrics().PollConnections != n {
@@ -367,7 +299,7 @@ func testPollCloseAnswersWaitingPolls(t *testing.T, newLog func(t *testing.T) op
 func testPollAndSSEShareTheCursor(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{HeartbeatInterval: -1}})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	var all []int64
 	pub := func(n int) {
 		for i := range n {
@@ -378,20 +310,20 @@ func testPollAndSSEShareTheCursor(t *testing.T, newLog func(t *testing.T) opener
 		}
 	}
 	pub(5)
-	c := dial(t, base+"/events?topic=a", lastID(0))
-	c.hello()
+	c := wiretest.Dial(t, base+"/events?topic=a", wiretest.LastID(0))
+	c.Hello()
 	var got []int64
-	for _, f := range c.events(len(all)) {
+	for _, f := range c.Events(len(all)) {
 		got = append(got, mustAtoi(t, f.ID))
 	}
 	c.Close()
 	pub(6)
-	p := poll(t, base, fmt.Sprintf("topic=a&cursor=%d&limit=2", got[len(got)-1]))
-	got = append(got, p.ids()...)
+	p := wiretest.Poll(t, base, fmt.Sprintf("topic=a&cursor=%d&limit=2", got[len(got)-1]))
+	got = append(got, p.IDs()...)
 	pub(3)
-	c = dial(t, base+"/events?topic=a", lastID(p.Cursor))
-	c.hello()
-	for _, f := range c.events(len(all) - len(got)) {
+	c = wiretest.Dial(t, base+"/events?topic=a", wiretest.LastID(p.Cursor))
+	c.Hello()
+	for _, f := range c.Events(len(all) - len(got)) {
 		got = append(got, mustAtoi(t, f.ID))
 	}
 	if !slices.Equal(got, all) {
@@ -411,19 +343,14 @@ func testPollLongPollWokenThroughTailFromAnotherHub(t *testing.T, newLog func(t 
 		t.Fatal(err)
 	}
 	defer stop()
-	base := servePoll(t, h)
-	got := make(chan pollJSON, 1)
-	go func() { got <- poll(t, base, "topic=a&cursor=0&wait=20") }()
-	waitUntil(t, "the poll to wait", func() bool { return h.Metrics().PollConnections == 1 })
+	base := wiretest.ServePoll(t, h)
+	answer := wiretest.PollLater(t, base, "topic=a&cursor=0&wait=20")
+	wiretest.WaitUntil(t, "the poll to wait", func() bool { return h.Metrics().PollConnections == 1 })
 	other := open(replayd.Options{})
 	mustPublish(t, other, "a", "from the other hub", replayd.WithEventID("other"))
-	select {
-	case p := <-got:
-		if len(p.Events) != 1 || string(p.Events[0].Data) != `"from the other hub"` {
-			t.Fatalf("woken with %+v", p)
-		}
-	case <-time.After(waitFor):
-		t.Fatal("the poll was not woken by the other hub's row")
+	// Not woken by the other hub's row, the poll would wait its 20 s.
+	if p := answer(); len(p.Events) != 1 || string(p.Events[0].Data) != `"from the other hub"` {
+		t.Fatalf("woken with %+v", p)
 	}
 }
 
@@ -433,7 +360,7 @@ func testPollLongPollWokenThroughTailFromAnotherHub(t *testing.T, newLog func(t 
 func testPollRandomized(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
-	base := servePoll(t, h)
+	base := wiretest.ServePoll(t, h)
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 2))
 	topics := []string{"a", "b", "c", ""}
@@ -483,14 +410,14 @@ func testPollRandomized(t *testing.T, newLog func(t *testing.T) opener) {
 	stopAt := time.Now().Add(2 * time.Second)
 	for time.Now().Before(stopAt) {
 		for _, c := range clients {
-			p := poll(t, base, fmt.Sprintf("%s&cursor=%d&limit=%d&wait=0.05", c.scope, c.cursor, 1+rng.IntN(20)))
+			p := wiretest.Poll(t, base, fmt.Sprintf("%s&cursor=%d&limit=%d&wait=0.05", c.scope, c.cursor, 1+rng.IntN(20)))
 			if p.Gap != nil {
 				if p.Gap.Reason != "pruned" {
-					t.Fatalf("%s: gap %s", c.scope, gapString(*p.Gap))
+					t.Fatalf("%s: gap %s", c.scope, p.Gap.String())
 				}
 				c.gaps = append(c.gaps, [2]int64{*p.Gap.MissedFrom, *p.Gap.MissedThrough})
 			}
-			for _, id := range p.ids() {
+			for _, id := range p.IDs() {
 				if id <= c.cursor {
 					t.Fatalf("%s: id %d after cursor %d", c.scope, id, c.cursor)
 				}
@@ -516,11 +443,11 @@ func testPollRandomized(t *testing.T, newLog func(t *testing.T) opener) {
 	// client saw and the gaps. A pruned row is in some gap's range.
 	for _, c := range clients {
 		for {
-			p := poll(t, base, fmt.Sprintf("%s&cursor=%d&limit=1000", c.scope, c.cursor))
+			p := wiretest.Poll(t, base, fmt.Sprintf("%s&cursor=%d&limit=1000", c.scope, c.cursor))
 			if p.Gap != nil {
 				c.gaps = append(c.gaps, [2]int64{*p.Gap.MissedFrom, *p.Gap.MissedThrough})
 			}
-			c.got = append(c.got, p.ids()...)
+			c.got = append(c.got, p.IDs()...)
 			c.cursor = p.Cursor
 			if !p.More {
 				break

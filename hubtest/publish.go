@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Publish, Subscribe and the log read through EventHub.Replay and
@@ -224,9 +225,7 @@ func testReplayScopes(t *testing.T, newLog func(t *testing.T) opener) {
 	h := open(replayd.Options{})
 	ctx := context.Background()
 	// 1:a 2:b 3:bcast 4:a 5:b 6:a
-	for _, topic := range []string{"a", "b", "", "a", "b", "a"} {
-		mustPublish(t, h, topic, topic)
-	}
+	publishTopics(t, h, "a", "b", "", "a", "b", "a")
 	l := h.Log()
 	cases := []struct {
 		topic string
@@ -276,20 +275,9 @@ func testReplayScopes(t *testing.T, newLog func(t *testing.T) opener) {
 // recordLive subscribes to h until the test ends and returns a function
 // that reports the sequences delivered so far.
 func recordLive(t testing.TB, h *replayd.EventHub) func() []int64 {
-	var (
-		mu   sync.Mutex
-		seen []int64
-	)
-	t.Cleanup(h.Subscribe(func(ev replayd.Event) {
-		mu.Lock()
-		seen = append(seen, ev.Sequence)
-		mu.Unlock()
-	}))
-	return func() []int64 {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(seen)
-	}
+	var seen wiretest.Seqs
+	t.Cleanup(h.Subscribe(func(ev replayd.Event) { seen.Add(ev.Sequence) }))
+	return seen.Seen
 }
 
 func seqs(evs []replayd.Event) []int64 {

@@ -1,19 +1,15 @@
 package hubtest
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
-	"fmt"
 	"net"
-	"net/http"
-	"net/url"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // stalledClient opens a resuming SSE stream over a bare TCP connection,
@@ -24,7 +20,7 @@ import (
 // once.
 func stalledClient(t *testing.T, srvURL string, cursor, minBytes int) net.Conn {
 	t.Helper()
-	conn, err := stalledConn(srvURL, cursor, minBytes)
+	conn, err := wiretest.StalledConn(srvURL, cursor, minBytes)
 	if conn != nil {
 		t.Cleanup(func() { conn.Close() })
 	}
@@ -71,38 +67,4 @@ func testReplayMemoryBoundedAndCloseFast(t *testing.T, newLog func(t *testing.T)
 	if took > 2*time.Second {
 		t.Fatalf("Close took %v", took)
 	}
-}
-
-func stalledConn(srvURL string, cursor, minBytes int) (net.Conn, error) {
-	u, err := url.Parse(srvURL)
-	if err != nil {
-		return nil, err
-	}
-	conn, err := net.Dial("tcp", u.Host)
-	if err != nil {
-		return nil, err
-	}
-	conn.(*net.TCPConn).SetReadBuffer(16 << 10)
-	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nLast-Event-ID: %d\r\n\r\n", u.Host, cursor)
-	conn.SetReadDeadline(time.Now().Add(waitFor))
-	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 64<<10), nil)
-	if err != nil {
-		return conn, err
-	}
-	buf := make([]byte, 64<<10)
-	var seen bytes.Buffer
-	for n := 0; n < minBytes; {
-		k, err := resp.Body.Read(buf)
-		if seen.Len() < 4096 {
-			seen.Write(buf[:min(k, 4096)])
-		}
-		n += k
-		if err != nil {
-			return conn, fmt.Errorf("read %d bytes, then %v", n, err)
-		}
-	}
-	if !strings.Contains(seen.String(), "event: hello") {
-		return conn, fmt.Errorf("no hello at the start: %q", seen.String()[:min(seen.Len(), 200)])
-	}
-	return conn, nil
 }

@@ -6,23 +6,31 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Retention through the hub: Prune, StartRetention and the head.
+
+// publishThenPruneAll publishes n events to topic on h and then, once the
+// clock has moved on, has retention by age delete every event of the log,
+// failing the test unless that deletes want events.
+func publishThenPruneAll(t testing.TB, h *replayd.EventHub, topic string, n int, want int64) {
+	t.Helper()
+	var last replayd.Event
+	for i := range n {
+		last = mustPublish(t, h, topic, i)
+	}
+	waitClock(t, last.CreatedAt, 20*time.Millisecond)
+	if got, err := h.Prune(context.Background(), replayd.RetentionPolicy{MaxAge: 5 * time.Millisecond}); err != nil || got != want {
+		t.Fatalf("pruned %d, %v; want %d", got, err, want)
+	}
+}
 
 func testHeadNeverGoesBackwards(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	ctx := context.Background()
-	var last replayd.Event
-	for range 5 {
-		last = mustPublish(t, h, "a", 1)
-	}
-	// Once the clock has moved on, retention by age deletes all five.
-	waitClock(t, last.CreatedAt, 20*time.Millisecond)
-	if n, err := h.Prune(ctx, replayd.RetentionPolicy{MaxAge: 5 * time.Millisecond}); err != nil || n != 5 {
-		t.Fatalf("pruned %d, %v", n, err)
-	}
+	publishThenPruneAll(t, h, "a", 5, 5)
 	head, err := h.LatestSequence(ctx)
 	if err != nil || head != 5 {
 		t.Fatalf("head after pruning everything = %d, %v; want 5", head, err)
@@ -59,14 +67,14 @@ func testStartRetention(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	stop := h.StartRetention(replayd.RetentionPolicy{MaxEvents: 2}, 10*time.Millisecond)
 	defer stop()
-	waitUntil(t, "first scheduled prune", func() bool {
+	wiretest.WaitUntil(t, "first scheduled prune", func() bool {
 		evs, _ := h.Replay(ctx, "", 0, 10)
 		return len(evs) == 2
 	})
 	for i := range 3 {
 		mustPublish(t, h, "a", i)
 	}
-	waitUntil(t, "a later scheduled prune", func() bool {
+	wiretest.WaitUntil(t, "a later scheduled prune", func() bool {
 		evs, _ := h.Replay(ctx, "", 0, 10)
 		return len(evs) == 2 && evs[1].Sequence == 8
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Connections with a scope of several topics: the hello's shape, replay
@@ -23,9 +24,9 @@ type helloData struct {
 	Head   int64            `json:"head"`
 }
 
-func readHello(t *testing.T, c *sseClient) helloData {
+func readHello(t *testing.T, c *wiretest.Client) helloData {
 	t.Helper()
-	f := c.nextNonHeartbeat()
+	f := c.NextNonHeartbeat()
 	if f.Event != "hello" {
 		t.Fatalf("first frame %+v, want hello", f)
 	}
@@ -48,7 +49,7 @@ func testScopeHelloShape(t *testing.T, newLog func(t *testing.T) opener) {
 		{"?topic=a", `["a"]`, ptr("a")},
 		{"?topic=b&topic=a&topic=b", `["b","a"]`, nil},
 	} {
-		d := readHello(t, dial(t, srv.URL+c.query, nil))
+		d := readHello(t, wiretest.Dial(t, srv.URL+c.query, nil))
 		if string(*d.Topics) != c.topics {
 			t.Errorf("%s: topics %s, want %s", c.query, *d.Topics, c.topics)
 		}
@@ -93,11 +94,11 @@ func testScopeUnionReplayExactCounts(t *testing.T, newLog func(t *testing.T) ope
 	evs := publishMix(t, h, 60)
 	srv := serve(t, h)
 	for _, cursor := range []int64{0, 13, 41, 55} {
-		c := dial(t, srv.URL+"?topic=c&topic=a", http.Header{"Last-Event-ID": {strconv.FormatInt(cursor, 10)}})
+		c := wiretest.Dial(t, srv.URL+"?topic=c&topic=a", http.Header{"Last-Event-ID": {strconv.FormatInt(cursor, 10)}})
 		readHello(t, c)
 		want := inScope(evs, cursor, "a", "c")
 		if len(want) > limit {
-			g := parseGap(t, c.next())
+			g := wiretest.MustGap(t, c.Next())
 			skipped := want[:len(want)-limit]
 			if g.Reason != "replay_limit" || *g.Missed != int64(len(skipped)) ||
 				*g.MissedFrom != skipped[0].Sequence || *g.MissedThrough != skipped[len(skipped)-1].Sequence {
@@ -106,7 +107,7 @@ func testScopeUnionReplayExactCounts(t *testing.T, newLog func(t *testing.T) ope
 			want = want[len(want)-limit:]
 		}
 		for _, ev := range want {
-			if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
+			if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
 				t.Fatalf("cursor %d: replayed %+v, want %d", cursor, f, ev.Sequence)
 			}
 		}
@@ -127,24 +128,20 @@ func testScopePrunedWatermarkOfOneTopic(t *testing.T, newLog func(t *testing.T) 
 	}
 	srv := serve(t, h)
 	// Scope {a, b}, cursor 1: b's row 2 is gone.
-	c := dial(t, srv.URL+"?topic=a&topic=b", http.Header{"Last-Event-ID": {fmt.Sprint(a1.Sequence)}})
+	c := wiretest.Dial(t, srv.URL+"?topic=a&topic=b", http.Header{"Last-Event-ID": {fmt.Sprint(a1.Sequence)}})
 	readHello(t, c)
-	g := parseGap(t, c.next())
+	g := wiretest.MustGap(t, c.Next())
 	if g.Reason != "pruned" || *g.MissedFrom != 2 || *g.MissedThrough != b2.Sequence || g.Missed != nil {
 		t.Fatalf("gap %+v, want pruned [2, %d]", g, b2.Sequence)
 	}
 	for _, ev := range inScope(evs, 0, "a", "b") {
-		if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("replayed %+v, want %d", f, ev.Sequence)
-		}
+		c.NextIs(ev.Sequence, "replayed")
 	}
 	// Scope {a, c}: nothing of it was pruned above the cursor, no gap.
-	c2 := dial(t, srv.URL+"?topic=a&topic=c", http.Header{"Last-Event-ID": {"1"}})
+	c2 := wiretest.Dial(t, srv.URL+"?topic=a&topic=c", http.Header{"Last-Event-ID": {"1"}})
 	readHello(t, c2)
 	for _, ev := range inScope(evs, 0, "a", "c") {
-		if f := c2.next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("replayed %+v, want %d", f, ev.Sequence)
-		}
+		c2.NextIs(ev.Sequence, "replayed")
 	}
 }
 
@@ -159,9 +156,9 @@ func testScopeOverlapDeliveredOnce(t *testing.T, newLog func(t *testing.T) opene
 		HeartbeatData:     func(topic string) any { hbTopics <- topic; return nil },
 	}})
 	srv := serve(t, h)
-	c := dial(t, srv.URL+"?topic=a&topic=b&topic=c", nil)
+	c := wiretest.Dial(t, srv.URL+"?topic=a&topic=b&topic=c", nil)
 	readHello(t, c)
-	single := dial(t, srv.URL+"?topic=b", nil)
+	single := wiretest.Dial(t, srv.URL+"?topic=b", nil)
 	readHello(t, single)
 	var want []string
 	for i := range 20 {
@@ -174,11 +171,11 @@ func testScopeOverlapDeliveredOnce(t *testing.T, newLog func(t *testing.T) opene
 	last := mustPublish(t, h, "c", "last")
 	want = append(want, fmt.Sprint(last.Sequence))
 	for _, id := range want {
-		if f := c.nextNonHeartbeat(); f.ID != id {
+		if f := c.NextNonHeartbeat(); f.ID != id {
 			t.Fatalf("got %+v, want id %s", f, id)
 		}
 	}
-	c.quiet(200 * time.Millisecond)
+	c.Quiet(200 * time.Millisecond)
 	seen := map[string]bool{}
 	for len(seen) < 2 {
 		select {

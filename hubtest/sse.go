@@ -28,19 +28,19 @@ func testSSEHeadersAndHead(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
-	c := dial(t, srv.URL, nil)
+	c := wiretest.Dial(t, srv.URL, nil)
 	for k, want := range map[string]string{
 		"Content-Type":      "text/event-stream; charset=utf-8",
 		"Cache-Control":     "no-cache, no-transform",
 		"X-Accel-Buffering": "no",
 	} {
-		if got := c.resp.Header.Get(k); got != want {
+		if got := c.Response().Header.Get(k); got != want {
 			t.Errorf("%s = %q, want %q", k, got, want)
 		}
 	}
 	// The hello arrives without any event being published: headers and
 	// frames are flushed as written.
-	c.hello()
+	c.Hello()
 
 	resp, err := http.Head(srv.URL + "?topic=a")
 	if err != nil {
@@ -174,16 +174,16 @@ func testSSEInvalidTopic(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	// TopicParam names the parameter; values are trimmed.
 	mustPublish(t, h, "lobby", 1)
-	c := dial(t, srv.URL+"?room=%20lobby%20&topic=ignored", lastID(0))
-	if _, topic, _, _ := c.hello(); topic == nil || *topic != "lobby" {
+	c := wiretest.Dial(t, srv.URL+"?room=%20lobby%20&topic=ignored", wiretest.LastID(0))
+	if _, topic, _, _ := c.Hello(); topic == nil || *topic != "lobby" {
 		t.Fatalf("topic %v", topic)
 	}
-	if f := c.next(); f.ID != "1" {
+	if f := c.Next(); f.ID != "1" {
 		t.Fatalf("got %+v", f)
 	}
 	// A blank topic is a global connection.
-	g := dial(t, srv.URL+"?room=%20%20", nil)
-	if _, topic, _, _ := g.hello(); topic != nil {
+	g := wiretest.Dial(t, srv.URL+"?room=%20%20", nil)
+	if _, topic, _, _ := g.Hello(); topic != nil {
 		t.Fatalf("blank topic gave %q", *topic)
 	}
 }
@@ -195,13 +195,13 @@ func testSSEFreshClientGetsHelloThenLive(t *testing.T, newLog func(t *testing.T)
 	for range 3 {
 		mustPublish(t, h, "a", 1)
 	}
-	c := dial(t, srv.URL+"?topic=a", nil)
-	f, topic, cursor, head := c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	f, topic, cursor, head := c.Hello()
 	if *topic != "a" || cursor != 3 || head != 3 || f.ID != "3" {
 		t.Fatalf("hello %+v", f)
 	}
 	ev := mustPublish(t, h, "a", "live")
-	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) || f.Event != "message" || f.Data != `"live"` {
+	if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) || f.Event != "message" || f.Data != `"live"` {
 		t.Fatalf("got %+v", f)
 	}
 }
@@ -210,24 +210,22 @@ func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
-	a := dial(t, srv.URL+"?topic=a", nil)
-	b := dial(t, srv.URL+"?topic=b", nil)
-	g := dial(t, srv.URL, nil)
-	for _, c := range []*sseClient{a, b, g} {
-		c.hello()
+	a := wiretest.Dial(t, srv.URL+"?topic=a", nil)
+	b := wiretest.Dial(t, srv.URL+"?topic=b", nil)
+	g := wiretest.Dial(t, srv.URL, nil)
+	for _, c := range []*wiretest.Client{a, b, g} {
+		c.Hello()
 	}
 	// 1:a 2:b 3:broadcast 4:c 5:a
-	for _, topic := range []string{"a", "b", "", "c", "a"} {
-		mustPublish(t, h, topic, topic)
-	}
-	for c, want := range map[*sseClient][]string{a: {"1", "3", "5"}, b: {"2", "3"}, g: {"1", "2", "3", "4", "5"}} {
-		if got := frameIDs(c.events(len(want))); !slices.Equal(got, want) {
+	publishTopics(t, h, "a", "b", "", "c", "a")
+	for c, want := range map[*wiretest.Client][]string{a: {"1", "3", "5"}, b: {"2", "3"}, g: {"1", "2", "3", "4", "5"}} {
+		if got := wiretest.FrameIDs(c.Events(len(want))); !slices.Equal(got, want) {
 			t.Errorf("got %v, want %v", got, want)
 		}
 	}
 	// b got nothing more: the next frame is the sentinel.
 	mustPublish(t, h, "b", "sentinel")
-	if f := b.next(); f.ID != "6" {
+	if f := b.Next(); f.ID != "6" {
 		t.Fatalf("b got %+v", f)
 	}
 }
@@ -237,9 +235,7 @@ func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) opener) {
 func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
 	setup := func(t *testing.T) (*replayd.EventHub, string) {
 		h := newLog(t)(replayd.Options{})
-		for _, topic := range []string{"a", "b", "", "a", "b"} { // 1..5
-			mustPublish(t, h, topic, topic)
-		}
+		publishTopics(t, h, "a", "b", "", "a", "b") // 1..5
 		return h, serve(t, h).URL
 	}
 	for _, tc := range []struct {
@@ -247,41 +243,37 @@ func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
 		query  string
 		header http.Header
 	}{
-		{"header", "?topic=a", lastID(1)},
+		{"header", "?topic=a", wiretest.LastID(1)},
 		{"query", "?topic=a&lastEventId=1", nil},
-		{"header wins", "?topic=a&lastEventId=4", lastID(1)},
+		{"header wins", "?topic=a&lastEventId=4", wiretest.LastID(1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, url := setup(t)
-			c := dial(t, url+tc.query, tc.header)
-			_, _, cursor, head := c.hello()
+			c := wiretest.Dial(t, url+tc.query, tc.header)
+			_, _, cursor, head := c.Hello()
 			if cursor != 1 || head != 5 {
 				t.Fatalf("cursor %d head %d", cursor, head)
 			}
-			if got := frameIDs(c.events(2)); !slices.Equal(got, []string{"3", "4"}) {
+			if got := wiretest.FrameIDs(c.Events(2)); !slices.Equal(got, []string{"3", "4"}) {
 				t.Fatalf("replayed %v", got)
 			}
 			ev := mustPublish(t, h, "a", "live")
-			if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-				t.Fatalf("live %+v", f)
-			}
+			c.NextIs(ev.Sequence, "live")
 		})
 	}
 	t.Run("from zero and at the head", func(t *testing.T) {
 		h, url := setup(t)
-		c := dial(t, url+"?topic=b", lastID(0))
-		c.hello()
-		if got := frameIDs(c.events(3)); !slices.Equal(got, []string{"2", "3", "5"}) {
+		c := wiretest.Dial(t, url+"?topic=b", wiretest.LastID(0))
+		c.Hello()
+		if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, []string{"2", "3", "5"}) {
 			t.Fatalf("from 0: %v", got)
 		}
-		c = dial(t, url+"?topic=b", lastID(5))
-		if _, _, cursor, _ := c.hello(); cursor != 5 {
+		c = wiretest.Dial(t, url+"?topic=b", wiretest.LastID(5))
+		if _, _, cursor, _ := c.Hello(); cursor != 5 {
 			t.Fatalf("cursor %d", cursor)
 		}
 		ev := mustPublish(t, h, "b", "next")
-		if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("at head, first frame %+v", f)
-		}
+		c.NextIs(ev.Sequence, "at head, first frame")
 	})
 }
 
@@ -293,9 +285,7 @@ func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) opener) {
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 3}})
 	srv := serve(t, h)
 	// 1:a 2:x 3:a 4:bcast 5:x 6:a 7:x 8:a 9:a 10:x
-	for _, topic := range []string{"a", "x", "a", "", "x", "a", "x", "a", "a", "x"} {
-		mustPublish(t, h, topic, topic)
-	}
+	publishTopics(t, h, "a", "x", "a", "", "x", "a", "x", "a", "a", "x")
 	cases := []struct {
 		name     string
 		url      string
@@ -314,26 +304,26 @@ func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := dial(t, srv.URL+tc.url, lastID(tc.cursor))
-			_, _, cursor, head := c.hello()
+			c := wiretest.Dial(t, srv.URL+tc.url, wiretest.LastID(tc.cursor))
+			_, _, cursor, head := c.Hello()
 			if cursor != tc.cursor || head != 10 {
 				t.Fatalf("hello cursor %d head %d", cursor, head)
 			}
-			g := parseGap(t, c.next())
+			g := wiretest.MustGap(t, c.Next())
 			want := gapJSON{Reason: "replay_limit", ResumedFrom: i64p(tc.cursor), MissedFrom: i64p(tc.from),
 				MissedThrough: i64p(tc.through), Missed: i64p(tc.missed), ReplayLimit: 3}
-			if gapString(g) != gapString(want) {
-				t.Fatalf("gap %s, want %s", gapString(g), gapString(want))
+			if g.String() != want.String() {
+				t.Fatalf("gap %s, want %s", g.String(), want.String())
 			}
-			if got := frameIDs(c.events(3)); !slices.Equal(got, tc.replayed) {
+			if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, tc.replayed) {
 				t.Fatalf("replayed %v, want %v", got, tc.replayed)
 			}
 		})
 	}
 	// Exactly at the limit: no gap.
-	c := dial(t, srv.URL+"?topic=a", lastID(4))
-	c.hello()
-	if got := frameIDs(c.events(3)); !slices.Equal(got, []string{"6", "8", "9"}) {
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(4))
+	c.Hello()
+	if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, []string{"6", "8", "9"}) {
 		t.Fatalf("at the limit: %v", got)
 	}
 }
@@ -343,28 +333,22 @@ func testSSEGapNegativeReplayLimit(t *testing.T, newLog func(t *testing.T) opene
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: -1}})
 	srv := serve(t, h)
-	for _, topic := range []string{"a", "b", "a"} {
-		mustPublish(t, h, topic, topic)
-	}
-	c := dial(t, srv.URL+"?topic=a", lastID(0))
-	c.hello()
-	g := parseGap(t, c.next())
+	publishTopics(t, h, "a", "b", "a")
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(0))
+	c.Hello()
+	g := wiretest.MustGap(t, c.Next())
 	want := gapJSON{Reason: "replay_limit", ResumedFrom: i64p(0), MissedFrom: i64p(1), MissedThrough: i64p(3), Missed: i64p(2), ReplayLimit: 0}
-	if gapString(g) != gapString(want) {
-		t.Fatalf("gap %s", gapString(g))
+	if g.String() != want.String() {
+		t.Fatalf("gap %s", g.String())
 	}
 	// Nothing is replayed, and the missed events never arrive later.
 	ev := mustPublish(t, h, "a", "live")
-	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("after the gap: %+v", f)
-	}
+	c.NextIs(ev.Sequence, "after the gap")
 	// Caught up: no gap.
-	c = dial(t, srv.URL+"?topic=a", lastID(ev.Sequence))
-	c.hello()
+	c = wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(ev.Sequence))
+	c.Hello()
 	ev = mustPublish(t, h, "a", "live")
-	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("caught up: %+v", f)
-	}
+	c.NextIs(ev.Sequence, "caught up")
 }
 
 func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
@@ -373,9 +357,7 @@ func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
 	srv := serve(t, h)
 	ctx := context.Background()
 	// 1:a 2:b 3:a 4:b 5:b 6:b 7:a 8:b 9:b 10:b
-	for _, topic := range []string{"a", "b", "a", "b", "b", "b", "a", "b", "b", "b"} {
-		mustPublish(t, h, topic, topic)
-	}
+	publishTopics(t, h, "a", "b", "a", "b", "b", "b", "a", "b", "b", "b")
 	// Delete 1..5: watermarks a=3, b=5.
 	if n, err := h.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 5}); err != nil || n != 5 {
 		t.Fatalf("prune %d, %v", n, err)
@@ -401,16 +383,16 @@ func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := dial(t, srv.URL+tc.url, lastID(tc.cursor))
-			if _, _, cursor, _ := c.hello(); cursor != tc.cursor {
+			c := wiretest.Dial(t, srv.URL+tc.url, wiretest.LastID(tc.cursor))
+			if _, _, cursor, _ := c.Hello(); cursor != tc.cursor {
 				t.Fatalf("cursor %d", cursor)
 			}
 			if tc.want != nil {
-				if g := parseGap(t, c.next()); gapString(g) != gapString(*tc.want) {
-					t.Fatalf("gap %s, want %s", gapString(g), gapString(*tc.want))
+				if g := wiretest.MustGap(t, c.Next()); g.String() != tc.want.String() {
+					t.Fatalf("gap %s, want %s", g.String(), tc.want.String())
 				}
 			}
-			if got := frameIDs(c.events(len(tc.replayed))); !slices.Equal(got, tc.replayed) {
+			if got := wiretest.FrameIDs(c.Events(len(tc.replayed))); !slices.Equal(got, tc.replayed) {
 				t.Fatalf("replayed %v, want %v", got, tc.replayed)
 			}
 		})
@@ -421,11 +403,11 @@ func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
 	if _, err := h.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 1}); err != nil {
 		t.Fatal(err)
 	}
-	c := dial(t, srv.URL+"?topic=c", lastID(10))
-	c.hello()
-	g := parseGap(t, c.next())
+	c := wiretest.Dial(t, srv.URL+"?topic=c", wiretest.LastID(10))
+	c.Hello()
+	g := wiretest.MustGap(t, c.Next())
 	if g.Reason != "pruned" || *g.MissedFrom != 11 || *g.MissedThrough != 11 || g.Missed != nil {
-		t.Fatalf("gap %s", gapString(g))
+		t.Fatalf("gap %s", g.String())
 	}
 }
 
@@ -436,19 +418,17 @@ func testSSEGapUnknownCursor(t *testing.T, newLog func(t *testing.T) opener) {
 	h := open(replayd.Options{})
 	srv := serve(t, h)
 	mustPublish(t, h, "a", 1)
-	c := dial(t, srv.URL+"?topic=a", lastID(1000))
-	f, _, cursor, head := c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(1000))
+	f, _, cursor, head := c.Hello()
 	if cursor != 1 || head != 1 || f.ID != "1" {
 		t.Fatalf("hello %+v", f)
 	}
-	g := parseGap(t, c.next())
-	if want := (gapJSON{Reason: "unknown_cursor", ResumedFrom: i64p(1000), ReplayLimit: 100}); gapString(g) != gapString(want) {
-		t.Fatalf("gap %s", gapString(g))
+	g := wiretest.MustGap(t, c.Next())
+	if want := (gapJSON{Reason: "unknown_cursor", ResumedFrom: i64p(1000), ReplayLimit: 100}); g.String() != want.String() {
+		t.Fatalf("gap %s", g.String())
 	}
 	ev := mustPublish(t, h, "a", 2)
-	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("not live from the head: %+v", f)
-	}
+	c.NextIs(ev.Sequence, "not live from the head")
 }
 
 func testSSEGapInvalidCursor(t *testing.T, newLog func(t *testing.T) opener) {
@@ -461,25 +441,23 @@ func testSSEGapInvalidCursor(t *testing.T, newLog func(t *testing.T) opener) {
 			// Header values cannot hold every byte; the query parameter
 			// carries the same cursor rules.
 			head, _ := h.LatestSequence(context.Background())
-			c := dial(t, srv.URL+"?topic=a&lastEventId="+url.QueryEscape(bad), nil)
-			if _, _, cursor, _ := c.hello(); cursor != head {
+			c := wiretest.Dial(t, srv.URL+"?topic=a&lastEventId="+url.QueryEscape(bad), nil)
+			if _, _, cursor, _ := c.Hello(); cursor != head {
 				t.Fatalf("cursor %d, want the head %d", cursor, head)
 			}
-			g := parseGap(t, c.next())
-			if want := (gapJSON{Reason: "invalid_cursor", ReplayLimit: 0}); gapString(g) != gapString(want) {
-				t.Fatalf("gap %s", gapString(g))
+			g := wiretest.MustGap(t, c.Next())
+			if want := (gapJSON{Reason: "invalid_cursor", ReplayLimit: 0}); g.String() != want.String() {
+				t.Fatalf("gap %s", g.String())
 			}
 			ev := mustPublish(t, h, "a", 2)
-			if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-				t.Fatalf("not live: %+v", f)
-			}
+			c.NextIs(ev.Sequence, "not live")
 		})
 	}
 	// The largest valid cursor is valid, and above the head.
-	c := dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"9223372036854775807"}})
-	c.hello()
-	if g := parseGap(t, c.next()); g.Reason != "unknown_cursor" {
-		t.Fatalf("gap %s", gapString(g))
+	c := wiretest.Dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"9223372036854775807"}})
+	c.Hello()
+	if g := wiretest.MustGap(t, c.Next()); g.Reason != "unknown_cursor" {
+		t.Fatalf("gap %s", g.String())
 	}
 }
 
@@ -521,10 +499,10 @@ func testSSEBadInputTable(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	for cursor, reason := range map[string]string{"x": "invalid_cursor", "-3": "invalid_cursor", "2.5": "invalid_cursor",
 		"18446744073709551616": "invalid_cursor", "50": "unknown_cursor", "0": "pruned"} {
-		c := dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {cursor}})
-		c.hello()
-		if g := parseGap(t, c.next()); g.Reason != reason {
-			t.Errorf("cursor %q: gap %s, want %s", cursor, gapString(g), reason)
+		c := wiretest.Dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {cursor}})
+		c.Hello()
+		if g := wiretest.MustGap(t, c.Next()); g.Reason != reason {
+			t.Errorf("cursor %q: gap %s, want %s", cursor, g.String(), reason)
 		}
 		c.Close()
 	}
@@ -544,16 +522,16 @@ func testSSEMultiLinePayload(t *testing.T, newLog func(t *testing.T) opener) {
 		mustPublish(t, h, "a", json.RawMessage(p))
 	}
 	mustPublish(t, h, "a", json.RawMessage("{\r\n\"crlf\": 1\r}"))
-	c := dial(t, srv.URL+"?topic=a", lastID(0))
-	c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(0))
+	c.Hello()
 	for i, p := range payloads {
-		f := c.next()
+		f := c.Next()
 		if f.Data != p || f.ID != fmt.Sprint(i+1) || f.Event != "message" {
 			t.Errorf("payload %d arrived as %q (id %s), want %q", i, f.Data, f.ID, p)
 		}
 	}
 	// CR and CRLF are line breaks to SSE: they come back as LF.
-	if f := c.next(); f.Data != "{\n\"crlf\": 1\n}" {
+	if f := c.Next(); f.Data != "{\n\"crlf\": 1\n}" {
 		t.Errorf("CRLF payload arrived as %q", f.Data)
 	}
 }
@@ -587,13 +565,13 @@ func testSSERetryAndHeartbeats(t *testing.T, newLog func(t *testing.T) opener) {
 			h := open(replayd.Options{SSE: replayd.SSEOptions{HeartbeatInterval: 20 * time.Millisecond, HeartbeatData: tc.data, Retry: 1500 * time.Millisecond}})
 			srv := serve(t, h)
 			for _, topic := range []string{"room", ""} {
-				c := dial(t, srv.URL+"?topic="+topic, nil)
+				c := wiretest.Dial(t, srv.URL+"?topic="+topic, nil)
 				// retry: shares the hello's block: a block of its own reaches
 				// r3labs/sse and go-sse applications as an empty event.
-				if f, _, _, _ := c.hello(); f.Retry != "1500" {
+				if f, _, _, _ := c.Hello(); f.Retry != "1500" {
 					t.Fatalf("hello %+v, want retry: 1500 in its block", f)
 				}
-				f := c.next()
+				f := c.Next()
 				if f.Event != "heartbeat" || f.HasID {
 					t.Fatalf("frame %+v, want a heartbeat without id", f)
 				}
@@ -612,12 +590,12 @@ func testSSERetryAndHeartbeats(t *testing.T, newLog func(t *testing.T) opener) {
 	t.Run("off", func(t *testing.T) {
 		h := open(replayd.Options{SSE: replayd.SSEOptions{HeartbeatInterval: -1}})
 		srv := serve(t, h)
-		c := dial(t, srv.URL, nil)
-		if f := c.next(); f.Event != "hello" || f.Retry != "" {
+		c := wiretest.Dial(t, srv.URL, nil)
+		if f := c.Next(); f.Event != "hello" || f.Retry != "" {
 			t.Fatalf("no retry configured, first frame %+v", f)
 		}
 		// No heartbeat within ten times a short interval.
-		c.quiet(200 * time.Millisecond)
+		c.Quiet(200 * time.Millisecond)
 	})
 }
 
@@ -642,15 +620,15 @@ func testSSEConcurrentPublishAndConnect(t *testing.T, newLog func(t *testing.T) 
 		}()
 	}
 	// Clients join at random moments while publishing runs, all from 0.
-	clients := make([]*sseClient, 0, 8)
+	clients := make([]*wiretest.Client, 0, 8)
 	for range 8 {
-		clients = append(clients, dial(t, srv.URL, lastID(0)))
+		clients = append(clients, wiretest.Dial(t, srv.URL, wiretest.LastID(0)))
 	}
 	wg.Wait()
 	total := writers * each
 	for i, c := range clients {
-		c.hello()
-		got := c.events(total)
+		c.Hello()
+		got := c.Events(total)
 		for j, f := range got {
 			if f.ID != strconv.Itoa(j+1) {
 				t.Fatalf("client %d: frame %d has id %s", i, j, f.ID)
@@ -675,10 +653,10 @@ func testSSESlowConsumerDisconnected(t *testing.T, newLog func(t *testing.T) ope
 	}
 	defer conn.Close()
 	fmt.Fprintf(conn, "GET /?topic=slow HTTP/1.1\r\nHost: %s\r\n\r\n", srv.Listener.Addr())
-	waitUntil(t, "slow client connected", func() bool { return h.Clients().ActiveClients("slow") == 1 })
+	wiretest.WaitUntil(t, "slow client connected", func() bool { return h.Clients().ActiveClients("slow") == 1 })
 
-	fast := dial(t, srv.URL+"?topic=slow", nil)
-	fast.hello()
+	fast := wiretest.Dial(t, srv.URL+"?topic=slow", nil)
+	fast.Hello()
 
 	// Publish in step with the fast client, so only the slow one falls
 	// behind; a publish held up by the slow client fails on its deadline.
@@ -691,11 +669,9 @@ func testSSESlowConsumerDisconnected(t *testing.T, newLog func(t *testing.T) ope
 		if err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}
-		if f := fast.next(); f.ID != fmt.Sprint(ev.Sequence) {
-			t.Fatalf("fast client got id %s, want %d", f.ID, ev.Sequence)
-		}
+		fast.NextIs(ev.Sequence, "fast client")
 	}
-	waitUntil(t, "slow client disconnected", func() bool { return h.Clients().ActiveClients("slow") == 1 })
+	wiretest.WaitUntil(t, "slow client disconnected", func() bool { return h.Clients().ActiveClients("slow") == 1 })
 	// The slow connection was closed by the server.
 	conn.SetReadDeadline(time.Now().Add(waitFor))
 	if _, err := io.Copy(io.Discard, bufio.NewReader(conn)); err != nil {
@@ -767,30 +743,22 @@ func testSSEResyncWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *
 	srv := serve(t, h)
 	other := open(replayd.Options{})
 
-	c := dial(t, srv.URL, nil)
-	_, _, cursor, _ := c.hello()
-	var last replayd.Event
-	for range 3 { // committed by "another process"; h has no tail
-		last = mustPublish(t, other, "", "unseen")
-	}
-	// Once the clock has moved on, retention by age deletes all three.
-	waitClock(t, last.CreatedAt, 20*time.Millisecond)
-	if n, err := other.Prune(context.Background(), replayd.RetentionPolicy{MaxAge: 5 * time.Millisecond}); err != nil || n != 3 {
-		t.Fatalf("pruned %d, %v", n, err)
-	}
+	c := wiretest.Dial(t, srv.URL, nil)
+	_, _, cursor, _ := c.Hello()
+	// Three events committed by "another process" (h has no tail), and
+	// deleted by retention, all three.
+	publishThenPruneAll(t, other, "", 3, 3)
 	ev := mustPublish(t, h, "", "next") // h learns of the gap now
-	if f, err := c.nextErr(waitFor); err == nil {
+	if f, err := c.NextErr(waitFor); err == nil {
 		t.Fatalf("stream went on with %+v (the next event is %d): a silent hole", f, ev.Sequence)
-	} else if errors.Is(err, errTimeout) {
+	} else if errors.Is(err, wiretest.ErrTimeout) {
 		t.Fatal("stream neither ended nor delivered")
 	}
 	// Reconnecting from the last id it saw, the client is told.
-	c = dial(t, srv.URL, lastID(cursor))
-	c.hello()
-	if g := parseGap(t, c.next()); g.Reason != "pruned" || *g.MissedFrom != cursor+1 || *g.MissedThrough != cursor+3 {
-		t.Fatalf("gap %s", gapString(g))
+	c = wiretest.Dial(t, srv.URL, wiretest.LastID(cursor))
+	c.Hello()
+	if g := wiretest.MustGap(t, c.Next()); g.Reason != "pruned" || *g.MissedFrom != cursor+1 || *g.MissedThrough != cursor+3 {
+		t.Fatalf("gap %s", g.String())
 	}
-	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("after the gap: %+v", f)
-	}
+	c.NextIs(ev.Sequence, "after the gap")
 }

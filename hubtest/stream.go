@@ -2,7 +2,6 @@ package hubtest
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,11 +9,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Tests of one stream's shape and limits: the retry field's placement, the
@@ -58,11 +57,11 @@ func testSSERetryInHelloBlock(t *testing.T, newLog func(t *testing.T) opener) {
 // make the frame far larger than the payload.
 func testSSELargestFrameFitsDefaultCap(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
-	logs := &logRecorder{}
+	logs := &wiretest.LogRecorder{}
 	h := open(replayd.Options{Logger: slog.New(logs), SSE: replayd.SSEOptions{HeartbeatInterval: -1}})
 	srv := serve(t, h)
-	c := dial(t, srv.URL+"?topic=big", nil)
-	c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=big", nil)
+	c.Hello()
 
 	// The largest payload Publish accepts: 1 MiB.
 	oneLine := `"` + strings.Repeat("x", 1<<20-2) + `"`
@@ -72,7 +71,7 @@ func testSSELargestFrameFitsDefaultCap(t *testing.T, newLog func(t *testing.T) o
 	}
 	for _, p := range []string{oneLine, pretty} {
 		ev := mustPublish(t, h, "big", json.RawMessage(p))
-		f, err := c.nextErr(waitFor)
+		f, err := c.NextErr(waitFor)
 		if err != nil {
 			t.Fatalf("%d-byte payload: the stream ended: %v; logs:\n%s", len(p), err, logs)
 		}
@@ -102,7 +101,7 @@ func (u unwrapWriter) Unwrap() http.ResponseWriter { return u.w }
 // per hub; one that unwraps to a Flusher streams.
 func testSSEWriterWithoutFlush(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
-	logs := &logRecorder{}
+	logs := &wiretest.LogRecorder{}
 	h := open(replayd.Options{Logger: slog.New(logs), SSE: replayd.SSEOptions{HeartbeatInterval: -1}})
 	var wrap func(http.ResponseWriter) http.ResponseWriter
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -123,7 +122,7 @@ func testSSEWriterWithoutFlush(t *testing.T, newLog func(t *testing.T) opener) {
 			t.Fatalf("status %d, %s, body %q; want 500 naming Flush", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 		}
 	}
-	if n := logs.count(slog.LevelError, "Flush", "", ""); n != 1 {
+	if n := logs.Count(slog.LevelError, "Flush", "", ""); n != 1 {
 		t.Fatalf("%d Error logs naming Flush, want 1:\n%s", n, logs)
 	}
 	if h.Clients().Total() != 0 || len(h.Clients().Snapshot()) != 0 {
@@ -131,63 +130,8 @@ func testSSEWriterWithoutFlush(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 
 	wrap = func(w http.ResponseWriter) http.ResponseWriter { return unwrapWriter{noFlushWriter{w}} }
-	c := dial(t, srv.URL+"?topic=room", nil)
-	c.hello()
+	c := wiretest.Dial(t, srv.URL+"?topic=room", nil)
+	c.Hello()
 	ev := mustPublish(t, h, "room", 1)
-	if f := c.next(); f.ID != fmt.Sprint(ev.Sequence) {
-		t.Fatalf("frame %+v, want event %d", f, ev.Sequence)
-	}
-}
-
-// logRecorder is a slog.Handler keeping every record, for tests that
-// assert what is logged.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
-func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, r.Clone())
-	return nil
-}
-
-// count returns how many records at level or above hold msg in their
-// message and, if key is not "", an attribute key whose value holds value.
-func (l *logRecorder) count(level slog.Level, msg, key, value string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, r := range l.recs {
-		if r.Level < level || !strings.Contains(r.Message, msg) {
-			continue
-		}
-		found := key == ""
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == key && strings.Contains(a.Value.String(), value) {
-				found = true
-			}
-			return !found
-		})
-		if found {
-			n++
-		}
-	}
-	return n
-}
-
-func (l *logRecorder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var b strings.Builder
-	for _, r := range l.recs {
-		fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
-		r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s", a); return true })
-		b.WriteByte('\n')
-	}
-	return b.String()
+	c.NextIs(ev.Sequence, "frame")
 }

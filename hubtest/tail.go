@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Rows another hub (another process or node) appended: delivered
@@ -56,7 +57,7 @@ func testTailDeliversOtherWritersExactlyOnce(t *testing.T, newLog func(t *testin
 	}
 	wg.Wait()
 	slices.Sort(want)
-	waitUntil(t, "tail to deliver everything", func() bool { return len(seen()) >= len(want) })
+	wiretest.WaitUntil(t, "tail to deliver everything", func() bool { return len(seen()) >= len(want) })
 	if got := seen(); !slices.Equal(got, want) {
 		t.Fatalf("delivered %d events, want %d; in order and exactly once: %v", len(got), len(want), slices.IsSorted(got))
 	}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -54,13 +53,8 @@ var crashTopics = []string{"a", "b", "c", ""}
 // the test skips on a developer machine and fails under CI=true.
 func fsyncCluster(t *testing.T) (dsn, ctl string) {
 	t.Helper()
-	dsn, ctl = os.Getenv("REPLAYD_PG_FSYNC_DSN"), os.Getenv("REPLAYD_PG_FSYNC_CTL")
-	if dsn == "" || ctl == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("REPLAYD_PG_FSYNC_DSN or REPLAYD_PG_FSYNC_CTL is not set under CI: .ci/pg.sh did not start the fsync cluster (REPLAYD_PG_FSYNC_CLUSTER=1)")
-		}
-		t.Skip("no fsync cluster; start one with: REPLAYD_PG_FSYNC_CLUSTER=1 source .ci/pg.sh")
-	}
+	env := ciEnv(t, "the fsync cluster", "REPLAYD_PG_FSYNC_CLUSTER=1 source .ci/pg.sh", "REPLAYD_PG_FSYNC_DSN", "REPLAYD_PG_FSYNC_CTL")
+	dsn, ctl = env[0], env[1]
 	pool := testPoolDSN(t, dsn)
 	for _, name := range []string{"fsync", "synchronous_commit", "full_page_writes"} {
 		var v string
@@ -487,23 +481,10 @@ func runCrashNode(dsn, prefix, name string) {
 	if _, err := hub.StartTail(200*time.Millisecond, replayd.TailOptions{}); err != nil {
 		die(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	say, err := childServe(hub)
 	if err != nil {
 		die(err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/poll", hub.PollHandler())
-	mux.Handle("/", hub.Handler())
-	go http.Serve(ln, mux)
-	var outMu sync.Mutex
-	say := func(format string, args ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		if _, err := fmt.Printf(format+"\n", args...); err != nil {
-			os.Exit(4) // the parent is gone
-		}
-	}
-	say("addr http://%s", ln.Addr())
 	for w := range 3 {
 		go func() {
 			for n := 0; ; n++ {

@@ -5,9 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,19 +24,28 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testDSN returns the DSN of the test cluster (.ci/pg.sh exports it). On a
-// developer machine without one the test is skipped; under CI (CI=true) a
-// missing cluster fails, so a suite that never ran cannot look green.
+// testDSN returns the DSN of the test cluster (.ci/pg.sh exports it).
 func testDSN(t testing.TB) string {
 	t.Helper()
-	dsn := os.Getenv("REPLAYD_PG_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("REPLAYD_PG_DSN is not set under CI: .ci/pg.sh did not start PostgreSQL")
+	return ciEnv(t, "PostgreSQL", "source .ci/pg.sh", "REPLAYD_PG_DSN")[0]
+}
+
+// ciEnv returns the values of the environment variables names, which
+// .ci/pg.sh exports once it has started what (run as start says). If one
+// is not set, the test is skipped on a developer machine and fails under
+// CI (CI=true), so a suite that never ran cannot look green.
+func ciEnv(t testing.TB, what, start string, names ...string) []string {
+	t.Helper()
+	vals := make([]string, len(names))
+	for i, name := range names {
+		if vals[i] = os.Getenv(name); vals[i] == "" {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is not set under CI: .ci/pg.sh did not start %s (%s)", name, what, start)
+			}
+			t.Skipf("%s is not set; start %s with: %s", name, what, start)
 		}
-		t.Skip("REPLAYD_PG_DSN not set; start a cluster with: source .ci/pg.sh")
 	}
-	return dsn
+	return vals
 }
 
 // testPrefix returns a fresh table prefix and drops its tables when the
@@ -182,4 +194,29 @@ func allEvents(t testing.TB, s *Store) []replayd.Event {
 		out = append(out, evs...)
 		after = evs[len(evs)-1].Sequence
 	}
+}
+
+// childServe serves hub for a child process: its SSE endpoint at / and its
+// poll endpoint at /poll, on a new local listener. It returns say, which
+// writes a line to the parent on stdout (and exits 4 once the parent is
+// gone), having said "addr http://<the listener>".
+func childServe(hub *replayd.EventHub) (say func(format string, args ...any), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/poll", hub.PollHandler())
+	mux.Handle("/", hub.Handler())
+	go http.Serve(ln, mux)
+	var outMu sync.Mutex
+	say = func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		if _, err := fmt.Printf(format+"\n", args...); err != nil {
+			os.Exit(4) // the parent is gone
+		}
+	}
+	say("addr http://%s", ln.Addr())
+	return say, nil
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -430,6 +429,21 @@ func (c *nodeClient) cursorNow() int64 {
 	return c.cursor
 }
 
+// countVisit counts a visit that was answered: a resume (after a stream
+// the client did not end, or not) and a visit to a node's second
+// generation. c.mu is held.
+func (c *nodeClient) countVisit(resuming, afterLoss bool, gen int) {
+	if resuming {
+		c.resumes++
+		if afterLoss {
+			c.killed++
+		}
+	}
+	if gen == 2 {
+		c.onRestarted++
+	}
+}
+
 // run connects, reads, and hops to another node until ctx ends: a
 // non-sticky client leaves after a random 300-1200 ms; any client leaves
 // when its stream ends (its node was killed).
@@ -499,15 +513,7 @@ func (c *nodeClient) connect(ctx context.Context, base string, gen int, life tim
 		return false, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	c.mu.Lock()
-	if resuming {
-		c.resumes++
-		if afterLoss {
-			c.killed++
-		}
-	}
-	if gen == 2 {
-		c.onRestarted++
-	}
+	c.countVisit(resuming, afterLoss, gen)
 	c.mu.Unlock()
 
 	frames := make(chan sseFrame, 64)
@@ -630,15 +636,7 @@ func (c *nodeClient) pollFor(ctx context.Context, base string, gen int, life tim
 		c.polls++
 		if first {
 			first = false
-			if resuming {
-				c.resumes++
-				if afterLoss {
-					c.killed++
-				}
-			}
-			if gen == 2 {
-				c.onRestarted++
-			}
+			c.countVisit(resuming, afterLoss, gen)
 		}
 		bad := func(format string, args ...any) {
 			tr.fail("%s poll on %s at cursor %d: %s", c.name, base, cursor, fmt.Sprintf(format, args...))
@@ -884,23 +882,10 @@ func runNode(dsn, prefix, name string, prune bool) {
 	if _, err := hub.StartTail(500*time.Millisecond, replayd.TailOptions{}); err != nil {
 		die(2, err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	say, err := childServe(hub)
 	if err != nil {
 		die(2, err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/poll", hub.PollHandler())
-	mux.Handle("/", hub.Handler())
-	go http.Serve(ln, mux)
-	var outMu sync.Mutex
-	say := func(format string, args ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		if _, err := fmt.Printf(format+"\n", args...); err != nil {
-			os.Exit(4) // the parent is gone
-		}
-	}
-	say("addr http://%s", ln.Addr())
 
 	quit := make(chan struct{})
 	var wg sync.WaitGroup

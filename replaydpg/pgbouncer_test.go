@@ -17,14 +17,8 @@ import (
 // and fails under CI=true.
 func bouncerDSNs(t *testing.T) (transaction, session string) {
 	t.Helper()
-	transaction, session = os.Getenv("REPLAYD_PG_BOUNCER_DSN"), os.Getenv("REPLAYD_PG_BOUNCER_SESSION_DSN")
-	if transaction == "" || session == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("REPLAYD_PG_BOUNCER_DSN or REPLAYD_PG_BOUNCER_SESSION_DSN is not set under CI: .ci/pg.sh did not start PgBouncer (REPLAYD_PG_PGBOUNCER=1)")
-		}
-		t.Skip("no PgBouncer; start one with: REPLAYD_PG_PGBOUNCER=1 source .ci/pg.sh")
-	}
-	return transaction, session
+	env := ciEnv(t, "PgBouncer", "REPLAYD_PG_PGBOUNCER=1 source .ci/pg.sh", "REPLAYD_PG_BOUNCER_DSN", "REPLAYD_PG_BOUNCER_SESSION_DSN")
+	return env[0], env[1]
 }
 
 // Behind PgBouncer in session pooling, Open needs no option: two hubs on

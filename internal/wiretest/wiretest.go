@@ -1,8 +1,21 @@
-// Package wiretest reads replayd's wire format as its tests see it (the
-// root package's tests, chaostest): SSE frames, copied out of the shared
-// parser (internal/sseparse) and refusing any field replayd never writes,
-// and a gap's data, which must have all six keys of PROTOCOL.md. It is a
-// reading of the protocol independent of the types that write it.
+// Package wiretest is what replayd's tests share (the root package's
+// tests, hubtest, chaostest) that does not need package replayd itself, so
+// that the root's internal tests can use it too: the wire as the tests read
+// it, independent of the types that write it, and the clients and
+// recorders they assert with.
+//
+//   - Frame and ReadFrames: SSE frames, copied out of the shared parser
+//     (internal/sseparse), refusing any field replayd never writes; Gap and
+//     ParseGap: a gap's data, which must have all six keys of PROTOCOL.md.
+//   - Client (client.go): an SSE stream read the way an EventSource does,
+//     with Dial, Next, NextIs, Hello, Events, Quiet and Ended.
+//   - Do, Get, GetReady, ServePoll, GetPoll, Poll, PollLater and
+//     StalledConn (http.go): requests over real HTTP.
+//   - WaitUntil, LogRecorder, Recorder and Seqs (record.go): bounded waits
+//     and what a logger or a subscriber was told.
+//
+// It must not import package replayd: an internal test of package replayd
+// cannot import a package that does.
 package wiretest
 
 import (
@@ -72,4 +85,10 @@ func ParseGap(data string) (Gap, error) {
 	var g Gap
 	err := json.Unmarshal([]byte(data), &g)
 	return g, err
+}
+
+// String is g as JSON, for messages.
+func (g Gap) String() string {
+	b, _ := json.Marshal(g)
+	return string(b)
 }
