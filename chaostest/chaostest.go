@@ -38,7 +38,8 @@
 // off) and 8 poll clients run at once. A fence event ends it: every client
 // must reach it. Then the oracle checks every frame of every connection and
 // every poll answer against a ledger of what Publish returned, cross-checked
-// with the log: handshake shape, strictly increasing real ids with exact
+// with the log: handshake shape, a head no older than what was committed
+// before the request, strictly increasing real ids with exact
 // type, topic and data, every visible event above the cursor delivered or
 // inside the gap's range, honest pruned gaps, replay within the limit, no
 // denied scope served, overload answers in range; and each hub's in-process
@@ -47,6 +48,27 @@
 // Every random choice comes from Config.Seed, so a failing seed replays the
 // same decisions (the interleaving is the scheduler's). The seed is logged;
 // a failure prints it, with a trace of the violating connection.
+//
+// The oracle is also an API of its own, for tests that drive hubs some
+// other way — in other OS processes, say, as replaydpg's
+// TestNodesInProcesses does — and record what happened: a Ledger of what
+// each Publish returned (Published), of publishes whose outcome is unknown
+// because their publisher died (Attempted), and of rows read from the log
+// along the way (Logged); a Server for each hub that served (its replay
+// limit, retry, admission policy); a Conn for each SSE connection, every
+// frame Added to it; a PollSession of Polls for each run of polls, every
+// answer Recorded; and, at the end, the log and its prune watermark
+// (ReadLog) and the head. Check returns every violation with its trace, and
+// what it checked. Run records its own clients the same way and checks them
+// with the same Check:
+//
+//	rows, mark, err := chaostest.ReadLog(ctx, hub)
+//	...
+//	rep := chaostest.Check(chaostest.Input{Ledger: ledger, Log: rows, Mark: mark, Head: head,
+//		Conns: conns, Polls: sessions, Seed: seed, Timeline: timeline})
+//	for _, v := range rep.Violations {
+//		t.Error(v)
+//	}
 //
 // Run opens several hubs on the log at once and tens of HTTP connections;
 // it takes Config.Duration plus the storm phase and the finish (seconds).

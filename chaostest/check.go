@@ -130,6 +130,7 @@ type Report struct {
 	Violations []string
 
 	Published int // events in the ledger (published, or attempted and found in the log)
+	Adopted   int // of those, attempts whose Publish never returned, found in the log
 	Retained  int // rows in the log at the end
 
 	// SSE connections served a stream (the overload answers apart), their
@@ -152,8 +153,8 @@ type Report struct {
 // Log logs what r checked.
 func (r *Report) Log(t testing.TB) {
 	t.Helper()
-	t.Logf("checked %d events (%d still in the log); %d connections (%d frames, %d events of which %d replayed; %d streams served detached): modes %v; gaps %v; ends %v; %d resumed on another hub, %d of them exactly",
-		r.Published, r.Retained, r.Conns, r.Frames, r.Events, r.Replayed, r.Detached, r.Modes, r.Gaps, r.Ends, r.Resumes, r.ExactResumes)
+	t.Logf("checked %d events (%d attempted with no outcome and found in the log; %d still in the log at the end); %d connections (%d frames, %d events of which %d replayed; %d streams served detached): modes %v; gaps %v; ends %v; %d resumed on another hub, %d of them exactly",
+		r.Published, r.Adopted, r.Retained, r.Conns, r.Frames, r.Events, r.Replayed, r.Detached, r.Modes, r.Gaps, r.Ends, r.Resumes, r.ExactResumes)
 	t.Logf("checked %d poll sessions (%v), %d answers with %d events; gaps %v; %d sessions resumed on another hub, %d of them exactly",
 		r.Sessions, r.PollModes, r.Answers, r.PollEvents, r.PollGaps, r.PollResumes, r.PollExactResumes)
 }
@@ -260,6 +261,7 @@ func newView(in Input, r *Report) *view {
 		case ok:
 		case l.attempts[en.eventID] == en:
 			v.bySeq[seq] = en // an attempt whose outcome was unknown: it committed
+			r.Adopted++
 		default:
 			v.fail("row %d (%s) %s, but no Publish returned it or was attempted with it", seq, en.eventID, when)
 		}
@@ -370,6 +372,8 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		// The head need not be a stored event: a rejected duplicate may
 		// consume a sequence (SPEC §2).
 		return st, fmt.Errorf("hello head %d is outside 0..%d", head, finalHead)
+	case head < c.Known:
+		return st, fmt.Errorf("hello head %d, but %d was committed before the request", head, c.Known)
 	}
 	fs = fs[1:]
 

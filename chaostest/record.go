@@ -64,6 +64,10 @@ type Conn struct {
 	// Sent, "" if none did: a resume on another hub when it differs from
 	// Server.Name.
 	Prev string
+	// Known is the newest sequence known committed before the request
+	// was sent (Ledger.Max then): the hello's head must be at least this.
+	// 0 checks nothing.
+	Known int64
 
 	// For traces and statistics only.
 	ID          int
@@ -158,9 +162,6 @@ func (c *Conn) LastID(lastID string) string {
 	}
 	return lastID
 }
-
-// Frames returns how many frames c recorded, heartbeats apart.
-func (c *Conn) Frames() int { return len(c.frames) }
 
 // Reached reports whether the connection has accounted for every event up
 // to fence: received an id at or above it, or a gap reaching it (with a

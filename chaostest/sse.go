@@ -159,7 +159,7 @@ func (e *env) overloadWait(c *Conn) bool {
 // run makes one connection and reads it until it is done; it reports
 // whether the connection reached the fence.
 func (e *env) run(c *Conn, life time.Duration, closeAfter, pauseAfter int, pause time.Duration) (reached bool) {
-	c.Start = e.timeline.Since()
+	c.Start, c.Known = e.timeline.Since(), e.ledger.Max()
 	defer func() {
 		c.Stop = e.timeline.Since()
 		// Hub A's streams begin with "retry: 1000"; the overload answer's

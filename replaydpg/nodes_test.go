@@ -494,7 +494,7 @@ func (c *nodeClient) connect(ctx context.Context, srv *chaostest.Server, base st
 	c.mu.Lock()
 	resuming := c.connected
 	rec := &chaostest.Conn{Server: srv, Topics: c.scope, ID: int(tr.ids.Add(1)), Client: c.name, Mode: "fresh", Via: "header",
-		Behaviour: map[bool]string{false: "hop", true: "sticky"}[c.sticky], Start: tr.timeline.Since()}
+		Behaviour: map[bool]string{false: "hop", true: "sticky"}[c.sticky], Start: tr.timeline.Since(), Known: tr.ledger.Max()}
 	switch {
 	case resuming:
 		rec.Mode, rec.Sent, rec.Prev = "resume", strconv.FormatInt(c.cursor, 10), c.from
