@@ -351,7 +351,7 @@ func crashLog(t *testing.T, s *Store, round int, acks map[string]int64, tr *trut
 		if r.Type != crashType || r.Topic != crashTopic(r.EventID) || string(r.Payload) != string(crashPayload(r.EventID)) {
 			t.Errorf("round %d: row %d (%s) is torn or foreign: type %q, topic %q, %d payload bytes", round, r.Sequence, r.EventID, r.Type, r.Topic, len(r.Payload))
 		}
-		tr.add(r)
+		tr.add(r, acks[r.EventID] == r.Sequence)
 	}
 	for id, seq := range acks {
 		switch got, ok := ids[id]; {

@@ -300,8 +300,13 @@ func newTruth(seed uint64) *truth {
 
 // add records a row of the log the test has verified itself (crashLog: its
 // type, topic and payload follow from its event id, which a node tried to
-// publish): the oracle takes it as published.
-func (tr *truth) add(ev replayd.Event) {
+// publish), acknowledged at its sequence or not: the oracle takes it as
+// published.
+func (tr *truth) add(ev replayd.Event, acked bool) {
+	if acked {
+		tr.ledger.Published(ev)
+		return
+	}
 	tr.ledger.Attempted(ev)
 	tr.ledger.Logged(ev)
 }
