@@ -43,7 +43,7 @@ const (
 	crashDSNEnv    = "REPLAYD_PG_CRASH_DSN" // run as a crash-test node on this DSN
 	crashPrefixEnv = "REPLAYD_PG_CRASH_PREFIX"
 	crashNameEnv   = "REPLAYD_PG_CRASH_NAME"
-	crashType      = "message" // what the test clients of nodes_test.go expect
+	crashType      = "message"
 )
 
 var crashTopics = []string{"a", "b", "c", ""}
