@@ -57,7 +57,8 @@
 // along the way (Logged); a Server for each hub that served (its replay
 // limit, retry, admission policy); a Conn for each SSE connection, every
 // frame Added to it; a PollSession of Polls for each run of polls, every
-// answer Recorded; and, at the end, the log and its prune watermark
+// answer Recorded (a visit that resumes from an earlier one names it in
+// After, and is held to the cursor that one ended at); and, at the end, the log and its prune watermark
 // (ReadLog) and the head. Check returns every violation with its trace, and
 // what it checked. Run records its own clients the same way and checks them
 // with the same Check:

@@ -138,7 +138,8 @@ type Report struct {
 	// detached; by mode, gap reason and how they ended.
 	Conns, Frames, Events, Replayed, Detached int
 	Modes, Gaps, Ends                         map[string]int
-	// Resumes counts streams whose cursor came from another hub (Prev);
+	// Resumes counts streams whose cursor came from a visit to another hub
+	// (After);
 	// ExactResumes those of them that went on at the cursor with events
 	// and no gap.
 	Resumes, ExactResumes int
@@ -223,7 +224,12 @@ func Check(in Input) *Report {
 		if st.gap != "" {
 			r.Gaps[st.gap]++
 		}
-		if c.Prev != "" && c.Prev != c.Server.Name {
+		if err == nil && c.After != nil {
+			if _, cursor := c.After.end(); cursor != c.Sent {
+				err = fmt.Errorf("resumed from %q, but the visit it resumed from (on hub %s) left it at %q", c.Sent, prevHub(c.After), cursor)
+			}
+		}
+		if hub := prevHub(c.After); hub != "" && hub != c.Server.Name {
 			r.Resumes++
 			if err == nil && st.gap == "" && st.events > 0 {
 				r.ExactResumes++
@@ -510,7 +516,7 @@ func gapString(g *wiretest.Gap) string {
 func (v *view) trace(c *Conn, err error) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "VIOLATION (seed %d) conn %d of %s: hub %s, topics %q, mode %s, cursor %q via %s (from hub %q), %s; %v..%v, status %d, ended: %s\n  %v\n",
-		v.in.Seed, c.ID, c.Client, c.Server.Name, c.Topics, c.Mode, c.Sent, c.Via, c.Prev, c.Behaviour, c.Start.Round(time.Millisecond),
+		v.in.Seed, c.ID, c.Client, c.Server.Name, c.Topics, c.Mode, c.Sent, c.Via, prevHub(c.After), c.Behaviour, c.Start.Round(time.Millisecond),
 		c.Stop.Round(time.Millisecond), c.Status, c.End, err)
 	focus := int64(-1)
 	var hole *holeError

@@ -19,9 +19,15 @@ func (v *view) checkPolls(sessions []*PollSession) {
 	for _, s := range sessions {
 		r.Sessions++
 		r.PollModes[s.Mode]++
-		resumed, exact := s.Prev != "" && s.Prev != s.Server.Name, false
+		prev := prevHub(s.After)
+		resumed, exact := prev != "" && prev != s.Server.Name, false
 		for i, p := range s.Polls {
 			n, err := v.checkPoll(s, p)
+			if err == nil && i == 0 && s.After != nil {
+				if _, cursor := s.After.end(); cursor != p.Sent {
+					err = fmt.Errorf("resumed from %q, but the visit it resumed from (on hub %s) left it at %q", p.Sent, prev, cursor)
+				}
+			}
 			if err == nil && i > 0 && s.Polls[i-1].Status == http.StatusOK && p.Sent != strconv.FormatInt(s.Polls[i-1].ans.Cursor, 10) {
 				err = fmt.Errorf("sent cursor %q, the answer before gave %d", p.Sent, s.Polls[i-1].ans.Cursor)
 			}
@@ -42,7 +48,7 @@ func (v *view) checkPolls(sessions []*PollSession) {
 				}
 			}
 		}
-		if s.Prev != "" && s.Prev != s.Server.Name {
+		if prev != "" && prev != s.Server.Name {
 			r.PollResumes++
 			if exact {
 				r.PollExactResumes++
@@ -194,7 +200,7 @@ func (v *view) checkPoll(s *PollSession, p *Poll) (int, error) {
 func (v *view) tracePoll(s *PollSession, i int, err error) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "VIOLATION (seed %d) poll session %d of %s: hub %s, topics %q, mode %s (from hub %q); ended: %s\n  poll %d: %v\n",
-		v.in.Seed, s.ID, s.Client, s.Server.Name, s.Topics, s.Mode, s.Prev, s.End, i, err)
+		v.in.Seed, s.ID, s.Client, s.Server.Name, s.Topics, s.Mode, prevHub(s.After), s.End, i, err)
 	var hole *holeError
 	if errors.As(err, &hole) {
 		en := v.bySeq[hole.seq]

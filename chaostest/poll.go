@@ -59,7 +59,7 @@ func (e *env) startPollClients(seed uint64, wg *sync.WaitGroup) {
 // pollClient polls in sessions until the chaos phase ends, then until one
 // of its answers reaches the fence.
 func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*PollSession, reached bool) {
-	lastID, lastHub := "", ""
+	lastID, lastVisit := "", Visit(nil)
 	for {
 		select {
 		case <-e.finishDeadline:
@@ -74,7 +74,7 @@ func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*PollSession, reac
 		cursor := ""
 		switch r := rng.IntN(20); {
 		case r < 8 && lastID != "":
-			s.Mode, cursor, s.Prev = "resume", lastID, lastHub
+			s.Mode, cursor, s.After = "resume", lastID, lastVisit
 		case r < 12:
 			// An SSE client's last id: the two transports share a cursor.
 			if id, _ := e.polls.sseLast[rng.IntN(numClients)].Load().(string); id != "" {
@@ -93,7 +93,7 @@ func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*PollSession, reac
 			s.Mode, cursor = "invalid", []string{"abc", "-1", "1.5", "18446744073709551616", "0x1f", " 7"}[rng.IntN(6)]
 		}
 		if finishing(e.finish) && lastID != "" {
-			s.Mode, cursor, s.Prev = "resume", lastID, lastHub
+			s.Mode, cursor, s.After = "resume", lastID, lastVisit
 		}
 		sessions = append(sessions, s)
 		n := 1 + rng.IntN(20)
@@ -136,7 +136,7 @@ func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*PollSession, reac
 			}
 			cursor = strconv.FormatInt(p.ans.Cursor, 10)
 			if lastID != cursor {
-				lastID, lastHub = cursor, s.Server.Name
+				lastID, lastVisit = cursor, s
 			}
 			e.polls.pollLast[idx].Store(cursor)
 			if fence := e.fence.Load(); fence > 0 && p.passes(fence) {

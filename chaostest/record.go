@@ -23,8 +23,8 @@ import (
 // Server is what the oracle knows of a hub that served connections and
 // polls: the options that shape its answers. Records point at it.
 type Server struct {
-	// Name names the hub in traces and statistics; a record whose Prev
-	// differs from it resumed on another hub than the one it left.
+	// Name names the hub in traces and statistics; a record whose After
+	// was on another hub resumed on another hub than the one it left.
 	Name string
 	// ReplayLimit is the effective SSEOptions.ReplayLimit: 100 for 0, 0
 	// for a negative one.
@@ -60,10 +60,11 @@ type Conn struct {
 	// Chunked: the response was chunked (served through net/http, not
 	// detached).
 	Chunked bool
-	// Prev is the Name of the hub whose connection or poll answer gave
-	// Sent, "" if none did: a resume on another hub when it differs from
-	// Server.Name.
-	Prev string
+	// After is the client's earlier visit whose end gave it Sent (its last
+	// id, its last answer's cursor), nil if none did: Check holds Sent to
+	// that cursor, and counts a resume on another hub when After was on
+	// another hub.
+	After Visit
 	// Known is the newest sequence known committed before the request
 	// was sent (Ledger.Max then): the hello's head must be at least this.
 	// 0 checks nothing.
@@ -81,6 +82,35 @@ type Conn struct {
 	hub        string // Run's clients: "A" or "B"
 	frames     []frame
 	heartbeats int
+}
+
+// Visit is a *Conn or a *PollSession: one visit of a client to a hub,
+// which a later one may resume from (After).
+type Visit interface {
+	// end returns the hub visited and the cursor the visit left the client
+	// at, "" if it gave none.
+	end() (hub, cursor string)
+}
+
+func (c *Conn) end() (string, string) { return c.Server.Name, c.LastID("") }
+
+func (s *PollSession) end() (string, string) {
+	cursor := ""
+	for _, p := range s.Polls {
+		if p.OK() {
+			cursor = strconv.FormatInt(p.ans.Cursor, 10)
+		}
+	}
+	return s.Server.Name, cursor
+}
+
+// prevHub returns the hub of a visit, "" for none.
+func prevHub(v Visit) string {
+	if v == nil {
+		return ""
+	}
+	hub, _ := v.end()
+	return hub
 }
 
 // frame is one received frame, reduced to what the checker needs.
@@ -192,9 +222,9 @@ type PollSession struct {
 	// whose cursor is meant to be refused (400), "future" one above any
 	// head. Others are for statistics.
 	Mode string
-	// Prev is the Name of the hub whose answer or stream gave the
-	// session's first cursor, "" if none did (see Conn.Prev).
-	Prev  string
+	// After is the client's earlier visit whose end gave it the first
+	// poll's cursor, nil if none did (see Conn.After).
+	After Visit
 	Polls []*Poll
 
 	// For traces only.

@@ -27,7 +27,7 @@ type clientResult struct {
 // then reconnects until one of its connections reaches the fence.
 func (e *env) client(idx int, rng *rand.Rand) clientResult {
 	var res clientResult
-	lastID, lastHub := "", ""
+	lastID, lastVisit := "", Visit(nil)
 	sticky := idx%5 == 0 // a few clients mostly stay connected
 	for {
 		finishing := false
@@ -49,7 +49,7 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 		c.Topics = drawScope(rng)
 		switch r := rng.IntN(20); {
 		case finishing && lastID != "", r < 10 && lastID != "":
-			c.Mode, c.Sent, c.Prev = "resume", lastID, lastHub
+			c.Mode, c.Sent, c.After = "resume", lastID, lastVisit
 		case r < 13:
 			c.Mode = "fresh"
 		case r < 17:
@@ -107,7 +107,7 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 			}
 			prev := c
 			c = &Conn{ID: int(e.connSeq.Add(1)), Client: prev.Client, hub: prev.hub, Server: prev.Server, Topics: prev.Topics,
-				Mode: prev.Mode, Sent: prev.Sent, Prev: prev.Prev, Via: prev.Via, Behaviour: prev.Behaviour}
+				Mode: prev.Mode, Sent: prev.Sent, After: prev.After, Via: prev.Via, Behaviour: prev.Behaviour}
 			select {
 			case <-e.finish:
 				life, closeAfter, pauseAfter = 0, 0, 0
@@ -122,7 +122,7 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 		// The next connection resumes from the last id this one received,
 		// as an EventSource would.
 		if id := c.LastID(lastID); id != lastID {
-			lastID, lastHub = id, c.Server.Name
+			lastID, lastVisit = id, c
 		}
 		e.polls.sseLast[idx].Store(lastID)
 		if reached {

@@ -413,9 +413,9 @@ type nodeClient struct {
 	outages  bool // the database may be down: a poll's 503 sends it to another node
 
 	mu        sync.Mutex
-	connected bool   // it holds a cursor: a hello, an event or an answer gave it
-	cursor    int64  // as an EventSource keeps it: the last id received
-	from      string // the node it got its cursor from last
+	connected bool            // it holds a cursor: a hello, an event or an answer gave it
+	cursor    int64           // as an EventSource keeps it: the last id received
+	last      chaostest.Visit // the visit that gave it its cursor
 	conns     []*chaostest.Conn
 	sessions  []*chaostest.PollSession
 
@@ -502,7 +502,7 @@ func (c *nodeClient) connect(ctx context.Context, srv *chaostest.Server, base st
 		Behaviour: map[bool]string{false: "hop", true: "sticky"}[c.sticky], Start: tr.timeline.Since(), Known: tr.ledger.Max()}
 	switch {
 	case resuming:
-		rec.Mode, rec.Sent, rec.Prev = "resume", strconv.FormatInt(c.cursor, 10), c.from
+		rec.Mode, rec.Sent, rec.After = "resume", strconv.FormatInt(c.cursor, 10), c.last
 	case c.fromZero:
 		rec.Mode, rec.Sent = "zero", "0"
 	}
@@ -543,7 +543,7 @@ func (c *nodeClient) connect(ctx context.Context, srv *chaostest.Server, base st
 		rec.Add(f)
 		if seq, err := strconv.ParseInt(f.ID, 10, 64); f.HasID && err == nil {
 			c.mu.Lock()
-			c.connected, c.cursor, c.from = true, seq, srv.Name
+			c.connected, c.cursor, c.last = true, seq, rec
 			c.mu.Unlock()
 		}
 	}
@@ -570,7 +570,7 @@ func (c *nodeClient) pollFor(ctx context.Context, srv *chaostest.Server, base st
 	s := &chaostest.PollSession{Server: srv, Topics: c.scope, ID: int(tr.ids.Add(1)), Client: c.name, Mode: "fresh"}
 	switch {
 	case resuming:
-		s.Mode, s.Prev = "resume", c.from
+		s.Mode, s.After = "resume", c.last
 	case c.fromZero:
 		s.Mode = "zero"
 	}
@@ -614,7 +614,7 @@ func (c *nodeClient) pollFor(ctx context.Context, srv *chaostest.Server, base st
 			c.visit(resuming, afterLoss, gen)
 		}
 		c.mu.Lock()
-		c.connected, c.cursor, c.from = true, p.Cursor(), srv.Name
+		c.connected, c.cursor, c.last = true, p.Cursor(), s
 		c.mu.Unlock()
 		idle = p.Events() == 0 && p.Gap() == ""
 	}
