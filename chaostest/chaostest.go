@@ -38,7 +38,8 @@
 // off) and 8 poll clients run at once. A fence event ends it: every client
 // must reach it. Then the oracle checks every frame of every connection and
 // every poll answer against a ledger of what Publish returned, cross-checked
-// with the log: handshake shape, strictly increasing real ids with exact
+// with the log: handshake shape, a head no older than what was committed
+// before the request, strictly increasing real ids with exact
 // type, topic and data, every visible event above the cursor delivered or
 // inside the gap's range, honest pruned gaps, replay within the limit, no
 // denied scope served, overload answers in range; and each hub's in-process
@@ -47,6 +48,28 @@
 // Every random choice comes from Config.Seed, so a failing seed replays the
 // same decisions (the interleaving is the scheduler's). The seed is logged;
 // a failure prints it, with a trace of the violating connection.
+//
+// The oracle is also an API of its own, for tests that drive hubs some
+// other way — in other OS processes, say, as replaydpg's
+// TestNodesInProcesses does — and record what happened: a Ledger of what
+// each Publish returned (Published), of publishes whose outcome is unknown
+// because their publisher died (Attempted), and of rows read from the log
+// along the way (Logged); a Server for each hub that served (its replay
+// limit, retry, admission policy); a Conn for each SSE connection, every
+// frame Added to it; a PollSession of Polls for each run of polls, every
+// answer Recorded (a visit that resumes from an earlier one names it in
+// After, and is held to the cursor that one ended at); and, at the end, the log and its prune watermark
+// (ReadLog) and the head. Check returns every violation with its trace, and
+// what it checked. Run records its own clients the same way and checks them
+// with the same Check:
+//
+//	rows, mark, err := chaostest.ReadLog(ctx, hub)
+//	...
+//	rep := chaostest.Check(chaostest.Input{Ledger: ledger, Log: rows, Mark: mark, Head: head,
+//		Conns: conns, Polls: sessions, Seed: seed, Timeline: timeline})
+//	for _, v := range rep.Violations {
+//		t.Error(v)
+//	}
 //
 // Run opens several hubs on the log at once and tens of HTTP connections;
 // it takes Config.Duration plus the storm phase and the finish (seconds).
@@ -60,6 +83,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,24 +137,22 @@ var allTopics = []string{"t0", "t1", "t2", "t3", "t4"}
 
 // env is one run's shared state.
 type env struct {
-	t     *testing.T
-	cfg   Config
-	seed  uint64
-	start time.Time
-	open  Open
+	t    *testing.T
+	cfg  Config
+	seed uint64
+	open Open
 
 	hubA         *replayd.EventHub
 	hubB         atomic.Pointer[replayd.EventHub] // replaced by restarts
 	closeB       func()                           // closes the current hub B; the restarter's
 	optsA, optsB replayd.Options
-	limitA       int // effective replay limits
-	limitB       int
+	srvA, srvB   *Server // what the oracle knows of hub A and of every hub B
 	urlA, urlB   string
 	connsA       *listener // hub A's server's connections, for server-side kills
 	httpc        *http.Client
 
-	ledger   ledger
-	timeline timeline
+	ledger   *Ledger
+	timeline *Timeline
 
 	stop           chan struct{} // closed when the chaos phase ends
 	finish         chan struct{} // closed once the fence is published
@@ -189,10 +211,7 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 		finish:         make(chan struct{}),
 		finishDeadline: make(chan struct{}),
 	}
-	e.ledger.bySeq = map[int64]entry{}
-	e.ledger.polled = map[int64]uint64{}
-	e.ledger.byID = map[string]int64{}
-	e.ledger.renewed = map[int64]struct{}{}
+	e.ledger = NewLedger()
 
 	e.denied = map[string]bool{"": rng.IntN(4) == 0} // "": the global scope
 	for _, i := range rng.Perm(len(allTopics))[:1+rng.IntN(2)] {
@@ -229,10 +248,13 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 		MaxBufferedBytes:  256 << 10,
 		DetachConnections: rng.IntN(2) == 0,
 	}}
-	e.limitA, e.limitB = max(e.optsA.SSE.ReplayLimit, 0), max(e.optsB.SSE.ReplayLimit, 0)
+	e.srvA = &Server{Name: "A", ReplayLimit: max(e.optsA.SSE.ReplayLimit, 0), Retry: e.optsA.SSE.Retry,
+		Detached: e.optsA.SSE.DetachConnections, Denied: e.deniedScope, OverloadRetry: e.overloadRetry}
+	e.srvB = &Server{Name: "B", ReplayLimit: max(e.optsB.SSE.ReplayLimit, 0), Retry: e.optsB.SSE.Retry,
+		Detached: e.optsB.SSE.DetachConnections, Unavailable: true} // closing under a restart
 	t.Logf("duration %v; hub A replay limit %d, max connections %d, denied scopes %v, detached %v; hub B replay limit %d, detached %v, tail every %v to %v",
-		duration, e.limitA, e.optsA.SSE.MaxConnections, e.denied, e.optsA.SSE.DetachConnections,
-		e.limitB, e.optsB.SSE.DetachConnections, cfg.TailMin, cfg.TailMax)
+		duration, e.srvA.ReplayLimit, e.optsA.SSE.MaxConnections, e.denied, e.optsA.SSE.DetachConnections,
+		e.srvB.ReplayLimit, e.optsB.SSE.DetachConnections, cfg.TailMin, cfg.TailMax)
 
 	hubA, closeA, err := e.open(e.optsA)
 	if err != nil {
@@ -240,7 +262,7 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 	}
 	t.Cleanup(closeA)
 	e.hubA = hubA
-	subA, err := subscribe(hubA)
+	subA, err := Subscribe("A", hubA)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +297,7 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 	t.Cleanup(transport.CloseIdleConnections)
 	e.httpc = &http.Client{Transport: transport}
 
-	e.start = time.Now()
+	e.timeline = NewTimeline()
 	// The storm phase: storms of handshakes from cursor 0 while a large log
 	// is being published (nothing is pruned yet, so every storm has the
 	// whole log above its cursor to count and replay).
@@ -284,13 +306,13 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 		prefill = 1_500
 	}
 	stormStop := make(chan struct{})
-	stormed := make(chan []*sseConn, 1)
+	stormed := make(chan []*Conn, 1)
 	go func() { stormed <- e.stormer(rand.New(rand.NewPCG(seed, 400)), stormStop) }()
 	e.prefill(prefill)
 	close(stormStop)
 	storms := <-stormed
 	t.Logf("storm phase: %d events published while %d connections stormed in from cursor 0, in %v",
-		prefill, len(storms), time.Since(e.start).Round(time.Millisecond))
+		prefill, len(storms), e.timeline.Since().Round(time.Millisecond))
 
 	var wg sync.WaitGroup // publishers, pruners, restarter
 	for p := range numPublishers {
@@ -308,7 +330,7 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 		}()
 	}
 	wg.Add(1)
-	var lastSubB *subscriber
+	var lastSubB *Subscriber
 	go func() {
 		defer wg.Done()
 		lastSubB = e.restarter(rand.New(rand.NewPCG(seed, 300)), subB)
@@ -340,7 +362,7 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 	}
 	waitSub(t, lastSubB, fence.Sequence)
 	waitSub(t, subA, fence.Sequence)
-	phaseEnd := time.Since(e.start)
+	phaseEnd := e.timeline.Since()
 	// The storms' connections are checked like any other; they need not
 	// reach the fence.
 	results = append(results, clientResult{conns: storms, reachedFence: true})
@@ -350,14 +372,14 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 
 // newHubB opens another hub on the log, tailing. Its subscriber records its
 // live deliveries. closeHub is registered with t.Cleanup too, and runs once.
-func (e *env) newHubB(rng *rand.Rand) (h *replayd.EventHub, closeHub func(), sub *subscriber, err error) {
+func (e *env) newHubB(rng *rand.Rand) (h *replayd.EventHub, closeHub func(), sub *Subscriber, err error) {
 	h, c, err := e.open(e.optsB)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("open hub B: %w", err)
 	}
 	closeHub = sync.OnceFunc(c)
 	e.t.Cleanup(closeHub)
-	if sub, err = subscribe(h); err != nil {
+	if sub, err = Subscribe("B", h); err != nil {
 		return nil, nil, nil, err
 	}
 	// Slow enough at times that an aggressive prune deletes rows it has not
@@ -414,4 +436,91 @@ func (l *listener) closeAll() int {
 		c.Close()
 	}
 	return len(conns)
+}
+
+// server returns the Server record of hub ("A" or "B").
+func (e *env) server(hub string) *Server {
+	if hub == "B" {
+		return e.srvB
+	}
+	return e.srvA
+}
+
+// deniedScope reports whether hub A's Authorize refuses topics: the global
+// scope when it is denied, else any denied topic among them.
+func (e *env) deniedScope(topics []string) bool {
+	if len(topics) == 0 {
+		return e.denied[""]
+	}
+	return slices.ContainsFunc(topics, func(t string) bool { return e.denied[t] })
+}
+
+// check reads the log at the end and hands it, the ledger and every
+// record to Check; it reports the violations and what was checked.
+func (e *env) check(results []clientResult, subA, subB *Subscriber, elapsed time.Duration) {
+	t := e.t
+	fence := e.fence.Load()
+	h, closeHub, err := e.open(replayd.Options{})
+	if err != nil {
+		t.Fatalf("open a hub to read the log: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows, mark, err := ReadLog(ctx, h)
+	closeHub()
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := e.hubA.LatestSequence(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if head != fence {
+		t.Errorf("head %d, fence %d", head, fence)
+	}
+	in := Input{Ledger: e.ledger, Log: rows, Mark: mark, Head: head,
+		Subscribers: []*Subscriber{subA, subB}, Seed: e.seed, Timeline: e.timeline}
+	for ci, r := range results {
+		if !r.reachedFence {
+			msg := fmt.Sprintf("client %d never reached the fence %d", ci, fence)
+			if n := len(r.conns); n > 0 {
+				c := r.conns[n-1]
+				msg += fmt.Sprintf("; its last connection: conn %d on hub %s, cursor %q, %d frames, ended: %s", c.ID, c.hub, c.Sent, len(c.frames), c.End)
+			}
+			t.Errorf("%s", msg)
+		}
+		in.Conns = append(in.Conns, r.conns...)
+	}
+	for c, ss := range e.polls.sessions {
+		if !e.polls.reached[c] {
+			t.Errorf("poll client %d never reached the fence %d", c, fence)
+		}
+		in.Polls = append(in.Polls, ss...)
+	}
+	rep := Check(in)
+	for i, msg := range rep.Violations {
+		if i == 8 {
+			t.Errorf("... and %d more violations", len(rep.Violations)-i)
+			break
+		}
+		t.Errorf("%s", msg)
+	}
+
+	t.Logf("chaos phase and finish: %v", elapsed.Round(time.Millisecond))
+	t.Logf("published %d events (%d publish calls, %d through hub B; %d retries with a used event id: %d returned the original, %d a new row after the original was pruned); %d still in the log; prune watermark %d",
+		rep.Published, e.stats.publishes.Load(), e.stats.publishB.Load(), e.stats.retries.Load(),
+		e.stats.retriesSame.Load(), e.stats.retriesNew.Load(), len(rows), mark)
+	t.Logf("%d prune calls deleted %d rows; hub B restarted %d times; hub A disconnected all streams %d times, its listener closed all connections %d times",
+		e.stats.pruneCalls.Load(), e.stats.pruned.Load(), e.stats.restarts.Load(), e.stats.resyncs.Load(), e.stats.kills.Load())
+	rep.Log(t)
+	ps := &e.polls
+	t.Logf("%d SSE connections dropped before any response; poll clients: %d sessions from an SSE client's id, %d polls (%d long); "+
+		"refused: %d by Authorize, %d by MaxConnections on hub A, %d by hub B closing; %d dropped, %d invalid cursors refused",
+		e.stats.dropped.Load(), ps.fromSSE.Load(), ps.polls.Load(), ps.longPolls.Load(),
+		ps.forbidden.Load(), ps.overloaded.Load(), ps.closedB.Load(), ps.dropped.Load(), ps.badRequests.Load())
+	t.Logf("hub A refused %d requests by Authorize and %d by MaxConnections; %d connections retried after the overload answer were served",
+		e.stats.forbidden.Load(), e.stats.overloaded.Load(), e.stats.servedAfterOverload.Load())
+	if len(rep.Violations) > 0 {
+		t.Errorf("%d violations of the guarantee; seed %d", len(rep.Violations), e.seed)
+	}
 }

@@ -1,18 +1,21 @@
 package chaostest
 
 // The oracle: the log against the ledger, every SSE connection against
-// SPEC §1 and §4, the in-process subscribers.
+// SPEC §1 and §4, the in-process subscribers (check_poll.go: every poll
+// answer against §11).
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/replayd/replayd"
@@ -39,24 +42,21 @@ func parseCursor(s string) (int64, bool) {
 
 // view is the ledger frozen for checking.
 type view struct {
+	in    Input
+	r     *Report
 	bySeq map[int64]entry
-	polls map[int64]uint64 // ledger.polled
-	seqs  []int64          // ascending
+	seqs  []int64 // ascending
 	inDB  map[int64]bool
-	mark  int64 // the highest prune watermark of any topic
+	mark  int64 // the global prune watermark
+	errs  []string
+}
+
+func (v *view) fail(format string, args ...any) {
+	v.errs = append(v.errs, fmt.Sprintf(format, args...))
 }
 
 func visible(scope []string, topic string) bool {
 	return len(scope) == 0 || topic == "" || slices.Contains(scope, topic)
-}
-
-// deniedScope reports whether hub A's Authorize refuses topics: the global
-// scope when it is denied, else any denied topic among them.
-func (e *env) deniedScope(topics []string) bool {
-	if len(topics) == 0 {
-		return e.denied[""]
-	}
-	return slices.ContainsFunc(topics, func(t string) bool { return e.denied[t] })
 }
 
 // visibleIn returns the ledger sequences visible to scope in (after, before).
@@ -71,17 +71,11 @@ func (v *view) visibleIn(scope []string, after, before int64) []int64 {
 	return out
 }
 
-// readLog reads, through a hub of its own, every event retained in the log
+// ReadLog reads, through h, every event retained in the log, ascending,
 // and the global prune watermark: the end of the pruned gap a global poll
-// from cursor 0 is owed (0 when none is).
-func (e *env) readLog() (rows []replayd.Event, mark int64, err error) {
-	h, closeHub, err := e.open(replayd.Options{})
-	if err != nil {
-		return nil, 0, fmt.Errorf("open a hub to read the log: %w", err)
-	}
-	defer closeHub()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+// from cursor 0 is owed (0 when none is). With LatestSequence, what Check
+// needs of the log at the end.
+func ReadLog(ctx context.Context, h *replayd.EventHub) (rows []replayd.Event, mark int64, err error) {
 	var after int64
 	for {
 		evs, err := h.Replay(ctx, "", after, 1000)
@@ -109,137 +103,201 @@ func (e *env) readLog() (rows []replayd.Event, mark int64, err error) {
 	return rows, mark, nil
 }
 
-// check verifies the log against the ledger, every connection
-// against SPEC §1 and §4, and the in-process subscribers.
-func (e *env) check(results []clientResult, subA, subB *subscriber, elapsed time.Duration) {
-	t := e.t
-	v := &view{bySeq: e.ledger.bySeq, polls: e.ledger.polled, inDB: map[int64]bool{}}
-	for s := range v.bySeq {
-		v.seqs = append(v.seqs, s)
-	}
-	slices.Sort(v.seqs)
-	fence := e.fence.Load()
+// Input is what Check checks: the ledger, the log at the end (every
+// publisher done, every client done), and the records.
+type Input struct {
+	Ledger *Ledger
+	// Log is every row of the log at the end, ascending, and Mark the
+	// global prune watermark then (ReadLog); Head is the head then
+	// (LatestSequence), which must be the newest event published.
+	Log  []replayd.Event
+	Mark int64
+	Head int64
 
-	// The log: every row is a ledger event, intact; every ledger
-	// event missing from it was pruned; the head is the newest sequence.
-	rows, mark, err := e.readLog()
-	if err != nil {
-		t.Fatal(err)
-	}
-	v.mark = mark
-	for _, ev := range rows {
-		en, ok := v.bySeq[ev.Sequence]
-		switch {
-		case !ok:
-			t.Errorf("row %d (%s) is in the log but no Publish returned it", ev.Sequence, ev.EventID)
-		case en != entry{topic: ev.Topic, typ: ev.Type, eventID: ev.EventID, hash: frameHash(ev.Type, string(ev.Payload))}:
-			t.Errorf("row %d differs from what Publish returned", ev.Sequence)
-		}
-		v.inDB[ev.Sequence] = true
-	}
-	for _, s := range v.seqs {
-		if !v.inDB[s] && s > v.mark {
-			t.Errorf("event %d is neither in the log nor below the prune watermark %d", s, v.mark)
-		}
-	}
-	for s := range e.ledger.renewed {
-		if v.inDB[s] {
-			t.Errorf("a retry of event %d's id stored a new row although %d is still in the log", s, s)
-		}
-	}
-	head, err := e.hubA.LatestSequence(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if head != v.seqs[len(v.seqs)-1] || head != fence {
-		t.Errorf("head %d, newest published %d, fence %d", head, v.seqs[len(v.seqs)-1], fence)
-	}
+	Conns []*Conn
+	Polls []*PollSession
+	// Subscribers must each have seen, in order, every event above their
+	// start through Head that is still in the log.
+	Subscribers []*Subscriber
+
+	Seed     uint64    // printed in every trace
+	Timeline *Timeline // its moments around a violation go in the trace; may be nil
+}
+
+// Report is what Check found: the violations, each with a trace, and what
+// it checked.
+type Report struct {
+	Violations []string
+
+	Published int // events in the ledger (published, or attempted and found in the log)
+	Adopted   int // of those, attempts whose Publish never returned, found in the log
+	Retained  int // rows in the log at the end
+
+	// SSE connections served a stream (the overload answers apart), their
+	// frames (heartbeats included), events, those replayed, those served
+	// detached; by mode, gap reason and how they ended.
+	Conns, Frames, Events, Replayed, Detached int
+	Modes, Gaps, Ends                         map[string]int
+	// Resumes counts streams whose cursor came from a visit to another hub
+	// (After);
+	// ExactResumes those of them that went on at the cursor with events
+	// and no gap.
+	Resumes, ExactResumes int
+
+	// Poll sessions, answers checked (200), the events they carried; by
+	// mode and gap reason; resumes as for SSE (by session).
+	Sessions, Answers, PollEvents int
+	PollModes, PollGaps           map[string]int
+	PollResumes, PollExactResumes int
+}
+
+// Log logs what r checked.
+func (r *Report) Log(t testing.TB) {
+	t.Helper()
+	t.Logf("checked %d events (%d attempted with no outcome and found in the log; %d still in the log at the end); %d connections (%d frames, %d events of which %d replayed; %d streams served detached): modes %v; gaps %v; ends %v; %d resumed on another hub, %d of them exactly",
+		r.Published, r.Adopted, r.Retained, r.Conns, r.Frames, r.Events, r.Replayed, r.Detached, r.Modes, r.Gaps, r.Ends, r.Resumes, r.ExactResumes)
+	t.Logf("checked %d poll sessions (%v), %d answers with %d events; gaps %v; %d sessions resumed on another hub, %d of them exactly",
+		r.Sessions, r.PollModes, r.Answers, r.PollEvents, r.PollGaps, r.PollResumes, r.PollExactResumes)
+}
+
+// Check checks the log against the ledger, every connection and poll
+// answer against SPEC §1, §4 and §11, and the subscribers; it returns the
+// violations, each with a trace, and what it checked.
+func Check(in Input) *Report {
+	r := &Report{Modes: map[string]int{}, Gaps: map[string]int{}, Ends: map[string]int{}, PollModes: map[string]int{}, PollGaps: map[string]int{}}
+	v := newView(in, r)
+	fence := in.Head
 
 	// In-process subscribers: strictly increasing; every event above
 	// their start that is still in the log (so was never pruned, so was
 	// readable when the hub caught up) delivered.
-	for name, s := range map[string]*subscriber{"A": subA, "B": subB} {
+	for _, s := range in.Subscribers {
 		s.mu.Lock()
-		got := s.seqs
+		got := slices.Clone(s.seqs)
 		s.mu.Unlock()
 		delivered := map[int64]bool{}
 		for i, seq := range got {
 			if i > 0 && seq <= got[i-1] {
-				t.Errorf("hub %s subscriber: %d after %d", name, seq, got[i-1])
+				v.fail("hub %s subscriber: %d after %d", s.Name, seq, got[i-1])
 			}
 			delivered[seq] = true
 		}
 		for _, seq := range v.visibleIn(nil, s.start, fence+1) {
 			if v.inDB[seq] && !delivered[seq] {
-				t.Errorf("hub %s subscriber (from %d) never got event %d, which was never pruned", name, s.start, seq)
+				v.fail("hub %s subscriber (from %d) never got event %d, which was never pruned", s.Name, s.start, seq)
 			}
 		}
 	}
 
 	// Every connection.
-	var conns, frames, events, replayed, detached int
-	gaps := map[string]int{}
-	modes := map[string]int{}
-	ends := map[string]int{}
-	var violations []string
-	for ci, r := range results {
-		if !r.reachedFence {
-			msg := fmt.Sprintf("client %d never reached the fence %d", ci, fence)
-			if n := len(r.conns); n > 0 {
-				msg += "; its last connection:\n" + e.trace(v, r.conns[n-1], errors.New("stuck"))
+	for _, c := range in.Conns {
+		switch {
+		case c.Status == 0:
+			continue // dropped before the response: retried
+		case c.Status == http.StatusForbidden:
+			if !c.Server.denies(c.Topics) {
+				r.Violations = append(r.Violations, v.trace(c, errors.New("403 for a scope Authorize grants")))
 			}
-			t.Errorf("%s", msg)
+			continue
+		case c.Status == http.StatusServiceUnavailable && c.Server.Unavailable:
+			continue
+		case c.Status != http.StatusOK:
+			r.Violations = append(r.Violations, v.trace(c, fmt.Errorf("status %d", c.Status)))
+			continue
 		}
-		for _, c := range r.conns {
-			if c.status != http.StatusOK {
-				continue
+		if c.Overloaded() {
+			if _, err := v.checkConn(c); err != nil {
+				r.Violations = append(r.Violations, v.trace(c, err))
 			}
-			if c.overloaded {
-				if _, err := e.checkConn(v, c, head); err != nil {
-					violations = append(violations, e.trace(v, c, err))
-				}
-				continue
+			continue
+		}
+		r.Conns++
+		r.Modes[c.Mode]++
+		r.Ends[strings.TrimRight(strings.SplitN(strings.SplitN(c.End, " (", 2)[0], " frames", 2)[0], " 0123456789")]++
+		r.Frames += len(c.frames) + c.heartbeats
+		st, err := v.checkConn(c)
+		r.Events += st.events
+		r.Replayed += st.replayed
+		if st.detached {
+			r.Detached++
+		}
+		if st.gap != "" {
+			r.Gaps[st.gap]++
+		}
+		if err == nil && c.After != nil {
+			if _, cursor := c.After.end(); cursor != c.Sent {
+				err = fmt.Errorf("resumed from %q, but the visit it resumed from (on hub %s) left it at %q", c.Sent, prevHub(c.After), cursor)
 			}
-			conns++
-			modes[c.mode]++
-			ends[strings.TrimRight(strings.SplitN(strings.SplitN(c.end, " (", 2)[0], " frames", 2)[0], " 0123456789")]++
-			frames += len(c.frames) + c.heartbeats
-			st, err := e.checkConn(v, c, head)
-			events += st.events
-			replayed += st.replayed
-			if st.detached {
-				detached++
+		}
+		if hub := prevHub(c.After); hub != "" && hub != c.Server.Name {
+			r.Resumes++
+			if err == nil && st.gap == "" && st.events > 0 {
+				r.ExactResumes++
 			}
-			if st.gap != "" {
-				gaps[st.gap]++
-			}
-			if err != nil {
-				violations = append(violations, e.trace(v, c, err))
-			}
+		}
+		if err != nil {
+			r.Violations = append(r.Violations, v.trace(c, err))
 		}
 	}
-	violations = append(violations, e.checkPolls(v, head)...)
-	for i, msg := range violations {
-		if i == 8 {
-			t.Errorf("... and %d more violations", len(violations)-i)
-			break
-		}
-		t.Errorf("%s", msg)
-	}
+	v.checkPolls(in.Polls)
+	r.Violations = append(v.errs, r.Violations...)
+	return r
+}
 
-	t.Logf("chaos phase and finish: %v", elapsed.Round(time.Millisecond))
-	t.Logf("published %d events (%d publish calls, %d through hub B; %d retries with a used event id: %d returned the original, %d a new row after the original was pruned); %d still in the log; prune watermark %d",
-		len(v.seqs), e.stats.publishes.Load(), e.stats.publishB.Load(), e.stats.retries.Load(),
-		e.stats.retriesSame.Load(), e.stats.retriesNew.Load(), len(rows), v.mark)
-	t.Logf("%d prune calls deleted %d rows; hub B restarted %d times; hub A disconnected all streams %d times, its listener closed all connections %d times",
-		e.stats.pruneCalls.Load(), e.stats.pruned.Load(), e.stats.restarts.Load(), e.stats.resyncs.Load(), e.stats.kills.Load())
-	t.Logf("checked %d connections (%d frames, %d events of which %d replayed; %d streams served detached): modes %v; gaps %v; ends %v; %d more dropped before any response",
-		conns, frames, events, replayed, detached, modes, gaps, ends, e.stats.dropped.Load())
-	t.Logf("hub A refused %d requests by Authorize and %d by MaxConnections; %d connections retried after the overload answer were served",
-		e.stats.forbidden.Load(), e.stats.overloaded.Load(), e.stats.servedAfterOverload.Load())
-	if len(violations) > 0 {
-		t.Errorf("%d connections violated the guarantee; seed %d", len(violations), e.seed)
+// newView freezes the ledger for checking, cross-checked with the log:
+// every row is a ledger event (or an attempted one, which it adopts),
+// intact; every ledger event missing from the log was pruned; the head is
+// the newest sequence.
+func newView(in Input, r *Report) *view {
+	l := in.Ledger
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v := &view{in: in, r: r, bySeq: maps.Clone(l.bySeq), inDB: map[int64]bool{}, mark: in.Mark}
+	v.errs = append(v.errs, l.errs...)
+	seen := map[int64]bool{}
+	adopt := func(seq int64, en entry, when string) {
+		if seen[seq] {
+			return
+		}
+		seen[seq] = true
+		old, ok := v.bySeq[seq]
+		switch {
+		case ok && old != en:
+			v.fail("row %d (%s) %s differs from what Publish returned", seq, en.eventID, when)
+		case ok:
+		case l.attempts[en.eventID] == en:
+			v.bySeq[seq] = en // an attempt whose outcome was unknown: it committed
+			r.Adopted++
+		default:
+			v.fail("row %d (%s) %s, but no Publish returned it or was attempted with it", seq, en.eventID, when)
+		}
 	}
+	for _, ev := range in.Log {
+		adopt(ev.Sequence, newEntry(ev), "is in the log")
+		v.inDB[ev.Sequence] = true
+	}
+	for seq, en := range l.logged {
+		adopt(seq, en, "was read from the log during the run")
+	}
+	for s := range v.bySeq {
+		v.seqs = append(v.seqs, s)
+	}
+	slices.Sort(v.seqs)
+	for _, s := range v.seqs {
+		if !v.inDB[s] && s > v.mark {
+			v.fail("event %d is neither in the log nor below the prune watermark %d", s, v.mark)
+		}
+	}
+	for s := range l.renewed {
+		if v.inDB[s] {
+			v.fail("a retry of event %d's id stored a new row although %d is still in the log", s, s)
+		}
+	}
+	if n := len(v.seqs); n == 0 || in.Head != v.seqs[n-1] {
+		v.fail("head %d, but the newest event published is %v", in.Head, v.seqs[max(0, n-1):])
+	}
+	r.Published, r.Retained = len(v.seqs), len(in.Log)
+	return v
 }
 
 type connStats struct {
@@ -261,27 +319,26 @@ type connStats struct {
 //   - the replay (ids up to the hello's head) is at most the replay
 //     limit, all of it when a replay_limit gap was sent, and newer than
 //     the gap's range.
-func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err error) {
+func (v *view) checkConn(c *Conn) (st connStats, err error) {
 	fs := c.frames
-	limit := e.limitA
-	if c.hub == "B" {
-		limit = e.limitB
-	}
-	if c.hub == "A" && e.deniedScope(c.topics) && !c.overloaded {
+	srv := c.Server
+	limit := srv.ReplayLimit
+	finalHead := v.in.Head
+	if srv.denies(c.Topics) && !c.Overloaded() {
 		// The cap is checked before Authorize: a denied scope may get the
 		// overload answer, never a stream.
 		return st, fmt.Errorf("served a scope Authorize denies")
 	}
-	if c.overloaded {
+	if c.Overloaded() {
 		ms, err := strconv.ParseInt(fs[0].data, 10, 64)
-		if lo := e.overloadRetry.Milliseconds(); err != nil || ms < lo || ms > 2*lo {
+		if lo := srv.OverloadRetry.Milliseconds(); err != nil || lo == 0 || ms < lo || ms > 2*lo {
 			return st, fmt.Errorf("overload answer retry %q outside [%d, %d] ms", fs[0].data, lo, 2*lo)
 		}
 		return st, nil
 	}
-	if c.hub == "A" && len(fs) > 0 {
-		if fs[0].kind != 'r' || fs[0].data != "1000" {
-			return st, fmt.Errorf("first frame is not retry: 1000")
+	if want := srv.Retry.Milliseconds(); want > 0 && len(fs) > 0 {
+		if fs[0].kind != 'r' || fs[0].data != strconv.FormatInt(want, 10) {
+			return st, fmt.Errorf("first frame is not retry: %d", want)
 		}
 		fs = fs[1:]
 	}
@@ -294,12 +351,9 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 	// An admitted stream of a hub with DetachConnections runs on the
 	// connection itself, delimited by its end; of another, through
 	// net/http, chunked.
-	detach := e.optsA.SSE.DetachConnections
-	if c.hub == "B" {
-		detach = e.optsB.SSE.DetachConnections
-	}
-	if c.chunked == detach {
-		return st, fmt.Errorf("stream chunked %v on a hub with DetachConnections %v", c.chunked, detach)
+	detach := srv.Detached
+	if c.Chunked == detach {
+		return st, fmt.Errorf("stream chunked %v on a hub with DetachConnections %v", c.Chunked, detach)
 	}
 	st.detached = detach
 	var hello struct {
@@ -316,21 +370,23 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 	switch {
 	case fs[0].seq != cursor:
 		return st, fmt.Errorf("hello id %d differs from its cursor %d", fs[0].seq, cursor)
-	case (hello.Topic == nil) != (len(c.topics) != 1) || (hello.Topic != nil && *hello.Topic != c.topics[0]):
-		return st, fmt.Errorf("hello topic %v, connection topics %q", hello.Topic, c.topics)
-	case hello.Topics == nil || len(*hello.Topics) != len(c.topics) || (len(c.topics) > 0 && !slices.Equal(*hello.Topics, c.topics)):
-		return st, fmt.Errorf("hello topics %v, connection topics %q", hello.Topics, c.topics)
+	case (hello.Topic == nil) != (len(c.Topics) != 1) || (hello.Topic != nil && *hello.Topic != c.Topics[0]):
+		return st, fmt.Errorf("hello topic %v, connection topics %q", hello.Topic, c.Topics)
+	case hello.Topics == nil || len(*hello.Topics) != len(c.Topics) || (len(c.Topics) > 0 && !slices.Equal(*hello.Topics, c.Topics)):
+		return st, fmt.Errorf("hello topics %v, connection topics %q", hello.Topics, c.Topics)
 	case head < 0 || head > finalHead:
 		// The head need not be a stored event: a rejected duplicate may
 		// consume a sequence (SPEC §2).
 		return st, fmt.Errorf("hello head %d is outside 0..%d", head, finalHead)
+	case head < c.Known:
+		return st, fmt.Errorf("hello head %d, but %d was committed before the request", head, c.Known)
 	}
 	fs = fs[1:]
 
 	// What the cursor calls for.
 	sent, valid := int64(0), false
-	if c.sent != "" {
-		sent, valid = parseCursor(c.sent)
+	if c.Sent != "" {
+		sent, valid = parseCursor(c.Sent)
 	}
 	var g *wiretest.Gap
 	if len(fs) > 0 && fs[0].kind == 'g' {
@@ -352,13 +408,13 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 	var covered [2]int64 // the gap's range, inclusive; empty when from > through
 	covered[0] = 1
 	switch {
-	case c.sent == "":
+	case c.Sent == "":
 		if g != nil || cursor != head {
 			return st, fmt.Errorf("fresh connection: cursor %d, head %d, gap %q", cursor, head, reason)
 		}
 	case !valid:
 		if reason != reasonInvalidCursor || g.ResumedFrom != nil || g.MissedFrom != nil || g.MissedThrough != nil || g.Missed != nil || cursor != head {
-			return st, fmt.Errorf("invalid cursor %q: cursor %d, head %d, gap %+v", c.sent, cursor, head, g)
+			return st, fmt.Errorf("invalid cursor %q: cursor %d, head %d, gap %+v", c.Sent, cursor, head, g)
 		}
 	case sent > head:
 		if reason != reasonUnknownCursor || g.ResumedFrom == nil || *g.ResumedFrom != sent || g.MissedFrom != nil || g.MissedThrough != nil || g.Missed != nil || cursor != head {
@@ -375,9 +431,9 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 				return st, fmt.Errorf("replay_limit gap lacks a field: %+v", g)
 			}
 			from, through, missed := *g.MissedFrom, *g.MissedThrough, *g.Missed
-			n := int64(len(v.visibleIn(c.topics, from-1, through+1)))
+			n := int64(len(v.visibleIn(c.Topics, from-1, through+1)))
 			if from <= sent || through < from || through > head || missed < 1 || missed > n ||
-				!visible(c.topics, v.bySeq[from].topic) || !visible(c.topics, v.bySeq[through].topic) {
+				!visible(c.Topics, v.bySeq[from].topic) || !visible(c.Topics, v.bySeq[through].topic) {
 				return st, fmt.Errorf("replay_limit gap %d..%d missed %d (ledger: %d visible in range) after cursor %d, head %d",
 					from, through, missed, n, sent, head)
 			}
@@ -388,7 +444,7 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 				return st, fmt.Errorf("pruned gap %s after cursor %d, head %d", g.String(), sent, head)
 			}
 			// Honest: some event of the scope in the range was pruned.
-			if !slices.ContainsFunc(v.visibleIn(c.topics, sent, *g.MissedThrough+1), func(s int64) bool { return !v.inDB[s] }) {
+			if !slices.ContainsFunc(v.visibleIn(c.Topics, sent, *g.MissedThrough+1), func(s int64) bool { return !v.inDB[s] }) {
 				return st, fmt.Errorf("pruned gap %s, but every event of the scope in its range is still in the log", g.String())
 			}
 			covered = [2]int64{*g.MissedFrom, *g.MissedThrough}
@@ -414,15 +470,15 @@ func (e *env) checkConn(v *view, c *sseConn, finalHead int64) (st connStats, err
 		switch {
 		case !ok:
 			return st, fmt.Errorf("event %d was never published", seq)
-		case !visible(c.topics, en.topic):
-			return st, fmt.Errorf("event %d of topic %q delivered to scope %q", seq, en.topic, c.topics)
+		case !visible(c.Topics, en.topic):
+			return st, fmt.Errorf("event %d of topic %q delivered to scope %q", seq, en.topic, c.Topics)
 		case en.hash != f.hash:
 			return st, fmt.Errorf("event %d: type or data differ from what was published", seq)
 		}
 		if g != nil && covered[0] <= covered[1] && seq <= covered[1] {
 			return st, fmt.Errorf("event %d inside or below the gap's range %d..%d", seq, covered[0], covered[1])
 		}
-		for _, s := range v.visibleIn(c.topics, prev, seq) {
+		for _, s := range v.visibleIn(c.Topics, prev, seq) {
 			if s < covered[0] || s > covered[1] {
 				return st, &holeError{seq: s, prev: prev, next: seq}
 			}
@@ -452,11 +508,11 @@ func (h *holeError) Error() string {
 
 // trace describes a violating connection: what it was, the frames around
 // the violation, and what else happened meanwhile.
-func (e *env) trace(v *view, c *sseConn, err error) string {
+func (v *view) trace(c *Conn, err error) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "VIOLATION (seed %d) conn %d of client %d: hub %s, topics %q, mode %s, cursor %q via %s, %s; %v..%v, ended: %s\n  %v\n",
-		e.seed, c.id, c.client, c.hub, c.topics, c.mode, c.sent, c.via, c.behaviour, c.start.Round(time.Millisecond),
-		c.stop.Round(time.Millisecond), c.end, err)
+	fmt.Fprintf(&b, "VIOLATION (seed %d) conn %d of %s: hub %s, topics %q, mode %s, cursor %q via %s (from hub %q), %s; %v..%v, status %d, ended: %s\n  %v\n",
+		v.in.Seed, c.ID, c.Client, c.Server.Name, c.Topics, c.Mode, c.Sent, c.Via, prevHub(c.After), c.Behaviour, c.Start.Round(time.Millisecond),
+		c.Stop.Round(time.Millisecond), c.Status, c.End, err)
 	focus := int64(-1)
 	var hole *holeError
 	if errors.As(err, &hole) {
@@ -484,6 +540,6 @@ func (e *env) trace(v *view, c *sseConn, err error) string {
 		}
 	}
 	fmt.Fprintf(&b, "  %d frames in all\n", len(c.frames))
-	e.timeline.write(&b, c.start, c.stop)
+	v.in.Timeline.write(&b, c.Start, c.Stop)
 	return b.String()
 }

@@ -2,7 +2,6 @@ package chaostest
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -11,8 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Poll clients (SPEC §11): next to the SSE clients, clients that poll
@@ -35,66 +32,17 @@ type pollState struct {
 	pollLast [numPollClients]atomic.Value // each poll client's last cursor (string)
 
 	mu       sync.Mutex
-	sessions [][]*pollSession // by poll client
+	sessions [][]*PollSession // by poll client
 	reached  []bool
 
 	polls, answers, longPolls, events, fromSSE           atomic.Int64
 	overloaded, forbidden, closedB, dropped, badRequests atomic.Int64
 }
 
-// pollSession is a run of consecutive polls on one hub and scope.
-type pollSession struct {
-	id, client int
-	hub        string   // "A" or "B"
-	topics     []string // the scope; none: global
-	mode       string   // fresh, resume, sse, stale, future, invalid
-	polls      []*poll
-	end        string
-}
-
-// poll is one poll request and its answer, reduced to what the
-// checker needs.
-type poll struct {
-	sent        string // the cursor sent, "" for none
-	limit       int    // as sent
-	wait        time.Duration
-	status      int
-	retryAfter  string
-	err         string // a malformed answer
-	ans         pollAnswer
-	gap         *wiretest.Gap
-	gapData     string
-	start, stop time.Duration
-}
-
-type pollAnswer struct {
-	Topics []string    `json:"topics"`
-	Cursor int64       `json:"cursor"`
-	Head   int64       `json:"head"`
-	More   bool        `json:"more"`
-	Events []pollEvent `json:"-"` // filled by parse
-}
-
-type pollEvent struct {
-	seq   int64
-	topic *string
-	hash  uint64
-}
-
-// pollHash is the hash of an event's type and data as a poll answer
-// carries them: the stored JSON, compacted by encoding/json.
-func pollHash(typ string, payload json.RawMessage) uint64 {
-	b, err := json.Marshal(payload)
-	if err != nil {
-		return 0
-	}
-	return frameHash(typ, string(b))
-}
-
 // startPollClients starts the poll clients on wg; their results are in
 // e.polls once wg is done.
 func (e *env) startPollClients(seed uint64, wg *sync.WaitGroup) {
-	e.polls.sessions = make([][]*pollSession, numPollClients)
+	e.polls.sessions = make([][]*PollSession, numPollClients)
 	e.polls.reached = make([]bool, numPollClients)
 	for c := range numPollClients {
 		wg.Add(1)
@@ -110,53 +58,54 @@ func (e *env) startPollClients(seed uint64, wg *sync.WaitGroup) {
 
 // pollClient polls in sessions until the chaos phase ends, then until one
 // of its answers reaches the fence.
-func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*pollSession, reached bool) {
-	lastID := ""
+func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*PollSession, reached bool) {
+	lastID, lastVisit := "", Visit(nil)
 	for {
 		select {
 		case <-e.finishDeadline:
 			return sessions, false
 		default:
 		}
-		s := &pollSession{id: int(e.connSeq.Add(1)), client: idx, hub: "A", topics: drawScope(rng)}
+		s := &PollSession{ID: int(e.connSeq.Add(1)), Client: fmt.Sprintf("poll client %d", idx), hub: "A", Topics: drawScope(rng)}
 		if rng.IntN(5) < 2 {
 			s.hub = "B"
 		}
+		s.Server = e.server(s.hub)
 		cursor := ""
 		switch r := rng.IntN(20); {
 		case r < 8 && lastID != "":
-			s.mode, cursor = "resume", lastID
+			s.Mode, cursor, s.After = "resume", lastID, lastVisit
 		case r < 12:
 			// An SSE client's last id: the two transports share a cursor.
 			if id, _ := e.polls.sseLast[rng.IntN(numClients)].Load().(string); id != "" {
-				s.mode, cursor = "sse", id
+				s.Mode, cursor = "sse", id
 				e.polls.fromSSE.Add(1)
 			} else {
-				s.mode = "fresh"
+				s.Mode = "fresh"
 			}
 		case r < 15:
-			s.mode = "fresh"
+			s.Mode = "fresh"
 		case r < 18:
-			s.mode, cursor = "stale", strconv.FormatInt(rng.Int64N(e.ledger.max()+1), 10)
+			s.Mode, cursor = "stale", strconv.FormatInt(rng.Int64N(e.ledger.Max()+1), 10)
 		case r < 19:
-			s.mode, cursor = "future", strconv.FormatInt(e.ledger.max()+1_000_000+rng.Int64N(1000), 10)
+			s.Mode, cursor = "future", strconv.FormatInt(e.ledger.Max()+1_000_000+rng.Int64N(1000), 10)
 		default:
-			s.mode, cursor = "invalid", []string{"abc", "-1", "1.5", "18446744073709551616", "0x1f", " 7"}[rng.IntN(6)]
+			s.Mode, cursor = "invalid", []string{"abc", "-1", "1.5", "18446744073709551616", "0x1f", " 7"}[rng.IntN(6)]
 		}
 		if finishing(e.finish) && lastID != "" {
-			s.mode, cursor = "resume", lastID
+			s.Mode, cursor, s.After = "resume", lastID, lastVisit
 		}
 		sessions = append(sessions, s)
 		n := 1 + rng.IntN(20)
 		for k := 0; ; k++ {
 			fin := finishing(e.finish)
 			if k >= n && !fin {
-				s.end = fmt.Sprintf("session of %d polls done", k)
+				s.End = fmt.Sprintf("session of %d polls done", k)
 				break
 			}
 			select {
 			case <-e.finishDeadline:
-				s.end = "gave up waiting for the fence"
+				s.End = "gave up waiting for the fence"
 				return sessions, false
 			default:
 			}
@@ -166,30 +115,32 @@ func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*pollSession, reac
 				wait = time.Duration(50+rng.IntN(1500)) * time.Millisecond
 			}
 			p := e.pollOnce(s, cursor, limit, wait)
-			s.polls = append(s.polls, p)
-			if s.mode == "invalid" {
-				s.end = "invalid cursor"
+			s.Polls = append(s.Polls, p)
+			if s.Mode == "invalid" {
+				s.End = "invalid cursor"
 				break
 			}
-			if p.status == http.StatusForbidden {
-				s.end = "refused by Authorize"
+			if p.Status == http.StatusForbidden {
+				s.End = "refused by Authorize"
 				break
 			}
-			if p.status != http.StatusOK {
+			if p.Status != http.StatusOK {
 				// Overloaded, a hub B closing under a restart, a dropped
 				// connection: the same poll again shortly.
 				time.Sleep(time.Duration(10+rng.IntN(40)) * time.Millisecond)
 				continue
 			}
-			if p.err != "" {
-				s.end = "malformed answer"
+			if !p.OK() {
+				s.End = "malformed answer"
 				break
 			}
 			cursor = strconv.FormatInt(p.ans.Cursor, 10)
-			lastID = cursor
+			if lastID != cursor {
+				lastID, lastVisit = cursor, s
+			}
 			e.polls.pollLast[idx].Store(cursor)
 			if fence := e.fence.Load(); fence > 0 && p.passes(fence) {
-				s.end = "reached the fence"
+				s.End = "reached the fence"
 				return sessions, true
 			}
 			if wait == 0 && rng.IntN(2) == 0 {
@@ -215,26 +166,15 @@ func finishing(finish <-chan struct{}) bool {
 	}
 }
 
-// passes reports whether an answer accounts for every event up to fence.
-func (p *poll) passes(fence int64) bool {
-	if p.status != http.StatusOK || p.err != "" {
-		return false
-	}
-	if p.ans.Cursor >= fence {
-		return true
-	}
-	return p.gap != nil && p.gap.MissedThrough != nil && *p.gap.MissedThrough >= fence
-}
-
 // pollOnce makes one poll request and records its answer.
-func (e *env) pollOnce(s *pollSession, cursor string, limit int, wait time.Duration) *poll {
-	p := &poll{sent: cursor, limit: limit, wait: wait, start: time.Since(e.start)}
-	defer func() { p.stop = time.Since(e.start) }()
+func (e *env) pollOnce(s *PollSession, cursor string, limit int, wait time.Duration) *Poll {
+	p := &Poll{Sent: cursor, Limit: limit, Wait: wait, Known: e.ledger.Max(), Start: e.timeline.Since()}
+	defer func() { p.Stop = e.timeline.Since() }()
 	e.polls.polls.Add(1)
 	if wait > 0 {
 		e.polls.longPolls.Add(1)
 	}
-	q := scopeQuery(s.topics)
+	q := scopeQuery(s.Topics)
 	if cursor != "" {
 		q.Set("cursor", cursor)
 	}
@@ -246,7 +186,7 @@ func (e *env) pollOnce(s *pollSession, cursor string, limit int, wait time.Durat
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.url(s.hub, "/poll", q), nil)
 	if err != nil {
-		p.err = err.Error()
+		e.t.Errorf("poll: %v", err)
 		return p
 	}
 	resp, err := e.httpc.Do(req)
@@ -256,81 +196,27 @@ func (e *env) pollOnce(s *pollSession, cursor string, limit int, wait time.Durat
 	}
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	p.status, p.retryAfter = resp.StatusCode, resp.Header.Get("Retry-After")
 	if err != nil {
 		e.polls.dropped.Add(1)
-		p.status = 0
-		return p
+		return p // status 0: retried
 	}
-	switch p.status {
+	p.Record(resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	switch p.Status {
 	case http.StatusOK:
+		if p.OK() {
+			e.polls.answers.Add(1)
+			e.polls.events.Add(int64(p.Events()))
+		}
 	case http.StatusForbidden:
 		e.polls.forbidden.Add(1)
-		return p
 	case http.StatusServiceUnavailable:
 		if s.hub == "A" {
 			e.polls.overloaded.Add(1)
 		} else {
 			e.polls.closedB.Add(1)
 		}
-		return p
 	case http.StatusBadRequest:
 		e.polls.badRequests.Add(1)
-		return p
-	default:
-		p.err = fmt.Sprintf("status %d: %.200s", p.status, body)
-		return p
 	}
-	if err := p.parse(body); err != nil {
-		p.err = err.Error()
-		return p
-	}
-	e.polls.answers.Add(1)
-	e.polls.events.Add(int64(len(p.ans.Events)))
 	return p
-}
-
-// parse reads an answer: all six keys, the gap's six keys, each event's
-// four.
-func (p *poll) parse(body []byte) error {
-	var keys map[string]json.RawMessage
-	if err := json.Unmarshal(body, &keys); err != nil {
-		return fmt.Errorf("answer %.200q: %v", body, err)
-	}
-	for _, k := range []string{"topics", "cursor", "head", "more", "gap", "events"} {
-		if _, ok := keys[k]; !ok {
-			return fmt.Errorf("answer lacks key %q: %.200s", k, body)
-		}
-	}
-	if len(keys) != 6 {
-		return fmt.Errorf("answer has %d keys, want 6: %.200s", len(keys), body)
-	}
-	if err := json.Unmarshal(body, &p.ans); err != nil {
-		return err
-	}
-	if p.ans.Topics == nil {
-		return fmt.Errorf("topics is %s, want a list", keys["topics"])
-	}
-	if g := string(keys["gap"]); g != "null" {
-		parsed, err := wiretest.ParseGap(g)
-		if err != nil {
-			return err
-		}
-		p.gap, p.gapData = &parsed, g
-	}
-	var events []map[string]json.RawMessage
-	if err := json.Unmarshal(keys["events"], &events); err != nil || events == nil {
-		return fmt.Errorf("events %.200s: %v", keys["events"], err)
-	}
-	for _, ev := range events {
-		var pe pollEvent
-		var typ string
-		if len(ev) != 4 || json.Unmarshal(ev["id"], &pe.seq) != nil || json.Unmarshal(ev["type"], &typ) != nil ||
-			json.Unmarshal(ev["topic"], &pe.topic) != nil || ev["data"] == nil {
-			return fmt.Errorf("event %v: want id, type, topic and data", ev)
-		}
-		pe.hash = frameHash(typ, string(ev["data"]))
-		p.ans.Events = append(p.ans.Events, pe)
-	}
-	return nil
 }

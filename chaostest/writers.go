@@ -26,7 +26,7 @@ func (e *env) publish(h *replayd.EventHub, topic string, payload any, opts ...re
 		e.t.Errorf("publish on hub A: %v", err)
 		return ev
 	}
-	e.ledger.add(e.t, ev)
+	e.ledger.Published(ev)
 	return ev
 }
 
@@ -81,7 +81,7 @@ func (e *env) publisher(p int, rng *rand.Rand) {
 			if rng.IntN(2) == 0 {
 				retry = ids[len(ids)-1]
 			}
-			prior = e.ledger.seqOf(retry)
+			prior = e.ledger.SeqOf(retry)
 			opts = append(opts, replayd.WithEventID(retry))
 		}
 		var ev replayd.Event
@@ -121,7 +121,7 @@ func (e *env) publishB(topic string, payload any, opts []replayd.PublishOption) 
 			e.t.Errorf("publish on hub B: %v", err)
 			return ev
 		}
-		e.ledger.add(e.t, ev)
+		e.ledger.Published(ev)
 		return ev
 	}
 	e.t.Errorf("publish on hub B: closed 100 times in a row")
@@ -140,9 +140,7 @@ func (e *env) noteRetry(id string, prior int64, ev replayd.Event) {
 		e.stats.retriesSame.Add(1)
 	case ev.Sequence > prior:
 		e.stats.retriesNew.Add(1)
-		e.ledger.mu.Lock()
-		e.ledger.renewed[prior] = struct{}{}
-		e.ledger.mu.Unlock()
+		e.ledger.Renewed(prior)
 	default:
 		e.t.Errorf("retry of %s returned %d, below its row %d", id, ev.Sequence, prior)
 	}
@@ -189,7 +187,7 @@ func (e *env) pruner(rng *rand.Rand) {
 		}
 		e.stats.pruneCalls.Add(1)
 		e.stats.pruned.Add(n)
-		e.timeline.add(e, fmt.Sprintf("prune on hub %s %+v: %d deleted", name, policy, n))
+		e.timeline.Add(fmt.Sprintf("prune on hub %s %+v: %d deleted", name, policy, n))
 	}
 }
 
@@ -197,7 +195,7 @@ func (e *env) pruner(rng *rand.Rand) {
 // one ends its streams) and, now and then, ends every stream of hub A: the
 // hub itself (Config.Disconnect) or its listener closing every connection.
 // It returns the subscriber of the last hub B.
-func (e *env) restarter(rng *rand.Rand, sub *subscriber) *subscriber {
+func (e *env) restarter(rng *rand.Rand, sub *Subscriber) *Subscriber {
 	for {
 		wait := time.NewTimer(time.Duration(700+rng.IntN(2500)) * time.Millisecond)
 		select {
@@ -210,11 +208,11 @@ func (e *env) restarter(rng *rand.Rand, sub *subscriber) *subscriber {
 			if e.cfg.Disconnect != nil && rng.IntN(2) == 0 {
 				e.cfg.Disconnect(e.hubA)
 				e.stats.resyncs.Add(1)
-				e.timeline.add(e, "hub A disconnects every stream")
+				e.timeline.Add("hub A disconnects every stream")
 			} else {
 				n := e.connsA.closeAll()
 				e.stats.kills.Add(1)
-				e.timeline.add(e, fmt.Sprintf("hub A's listener closes its %d connections", n))
+				e.timeline.Add(fmt.Sprintf("hub A's listener closes its %d connections", n))
 			}
 			continue
 		}
@@ -228,64 +226,14 @@ func (e *env) restarter(rng *rand.Rand, sub *subscriber) *subscriber {
 		e.closeB()
 		e.closeB = closeHub
 		e.stats.restarts.Add(1)
-		e.timeline.add(e, "hub B restarted")
+		e.timeline.Add("hub B restarted")
 	}
-}
-
-// ---- in-process subscribers ----
-
-// subscriber records what a hub's Subscribe delivers.
-type subscriber struct {
-	start int64 // at or above the hub's live position when it subscribed
-	mu    sync.Mutex
-	seqs  []int64
-	cond  chan struct{} // signalled on every delivery
-}
-
-func subscribe(h *replayd.EventHub) (*subscriber, error) {
-	s := &subscriber{cond: make(chan struct{}, 1)}
-	h.Subscribe(func(ev replayd.Event) {
-		s.mu.Lock()
-		s.seqs = append(s.seqs, ev.Sequence)
-		s.mu.Unlock()
-		select {
-		case s.cond <- struct{}{}:
-		default:
-		}
-	})
-	// Subscribe delivers every event above the hub's live position, which
-	// is never above the head: the head read now is a start to check from.
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	start, err := h.LatestSequence(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe: %w", err)
-	}
-	s.start = start
-	return s, nil
 }
 
 // waitSub waits until s has seen through, bounded.
-func waitSub(t *testing.T, s *subscriber, through int64) {
+func waitSub(t *testing.T, s *Subscriber, through int64) {
 	t.Helper()
-	timer := time.NewTimer(waitFor)
-	defer timer.Stop()
-	for {
-		s.mu.Lock()
-		n := len(s.seqs)
-		last := int64(0)
-		if n > 0 {
-			last = s.seqs[n-1]
-		}
-		s.mu.Unlock()
-		if last >= through {
-			return
-		}
-		select {
-		case <-s.cond:
-		case <-timer.C:
-			t.Errorf("subscriber stuck at %d, waiting for %d", last, through)
-			return
-		}
+	if ok, last := s.Wait(through, waitFor); !ok {
+		t.Errorf("hub %s subscriber stuck at %d, waiting for %d", s.Name, last, through)
 	}
 }

@@ -42,7 +42,7 @@ const (
 	crashDSNEnv    = "REPLAYD_PG_CRASH_DSN" // run as a crash-test node on this DSN
 	crashPrefixEnv = "REPLAYD_PG_CRASH_PREFIX"
 	crashNameEnv   = "REPLAYD_PG_CRASH_NAME"
-	crashType      = "message" // what the test clients of nodes_test.go expect
+	crashType      = "message"
 )
 
 var crashTopics = []string{"a", "b", "c", ""}
@@ -116,8 +116,8 @@ func TestCrashDurability(t *testing.T) {
 		hub.Close()
 	}()
 
-	tr := &truth{rows: map[int64]nodeRow{}}
-	cl := &cluster{t: t, tr: tr}
+	tr := newTruth(seed)
+	cl := &cluster{t: t, tr: tr, limit: 1 << 20, outages: true}
 	cl.setAddr(2, srv.URL, 1)
 
 	// Clients hop between the two nodes and the test's hub; they may find
@@ -314,15 +314,11 @@ func TestCrashDurability(t *testing.T) {
 	}
 	ccancel()
 	cwg.Wait()
-	var received, polls int
-	for _, c := range clients {
-		c.check(t, tr)
-		if len(c.gaps) > 0 {
-			t.Errorf("%s: gaps %v with nothing pruned", c.name, c.gaps)
-		}
-		received += len(c.seqs)
-		polls += c.polls
+	rep := tr.check(t, hub, clients)
+	if n := rep.Gaps["pruned"] + rep.Gaps["replay_limit"] + rep.PollGaps["pruned"]; n > 0 {
+		t.Errorf("%d gaps with nothing pruned", n)
 	}
+	received, polls := rep.Events+rep.PollEvents, rep.Answers
 	if totalRetried == 0 {
 		t.Errorf("no node retried a publish: the server crash failed none")
 	}
@@ -349,7 +345,7 @@ func crashLog(t *testing.T, s *Store, round int, acks map[string]int64, tr *trut
 		if r.Type != crashType || r.Topic != crashTopic(r.EventID) || string(r.Payload) != string(crashPayload(r.EventID)) {
 			t.Errorf("round %d: row %d (%s) is torn or foreign: type %q, topic %q, %d payload bytes", round, r.Sequence, r.EventID, r.Type, r.Topic, len(r.Payload))
 		}
-		tr.add(r.Sequence, r.EventID, r.Topic, "log")
+		tr.add(r, acks[r.EventID] == r.Sequence)
 	}
 	for id, seq := range acks {
 		switch got, ok := ids[id]; {

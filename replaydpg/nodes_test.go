@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -15,10 +16,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/chaostest"
 	"github.com/replayd/replayd/internal/childproc"
 	"github.com/replayd/replayd/internal/sseparse"
 )
@@ -29,14 +32,14 @@ import (
 // prunes; node 1 is killed with SIGKILL mid-run and restarted. Clients in
 // this process connect to the nodes and hop between them: over SSE with
 // their Last-Event-ID, over polls passing their cursor back (some long
-// polls, random limits), and some switching SSE → polls → SSE on one
-// cursor. At the end every client must have received every event visible
-// to its scope above its starting cursor exactly once, in order, or inside
-// a gap's range (SPEC §1, §11, §14), and every resume on a node other than
-// the one the client left must continue exactly at its cursor; every poll
-// answer is checked as it arrives (SPEC §11: pruned gaps from cursor+1,
-// cursor and more, a head no older than what was committed before the
-// request, unknown_cursor for a cursor above the head).
+// polls, random limits, now and then an unknown_cursor probe), and some
+// switching SSE → polls → SSE on one cursor. The nodes report every
+// publish they attempt and every event Publish returned; a reader records
+// the log as it grows. At the end the chaos oracle (chaostest.Check) checks
+// every frame of every connection and every poll answer against that
+// ledger and the log (SPEC §1, §4, §11, §14) and must find 0 violations;
+// among its connections and poll sessions some resumed on another node
+// than the one the client left, and went on exactly at the cursor.
 
 const (
 	nodeDSNEnv    = "REPLAYD_PG_NODE_DSN"    // run as a node on this DSN
@@ -44,7 +47,10 @@ const (
 	nodeNameEnv   = "REPLAYD_PG_NODE_NAME"   // prefix of its event ids
 	nodePruneEnv  = "REPLAYD_PG_NODE_PRUNE"  // "1": prune in a loop
 	nodeKeep      = 600                      // the pruning node keeps the newest nodeKeep events
+	nodeLimit     = 1000                     // the nodes' ReplayLimit
 )
+
+var nodesSeedFlag = flag.Uint64("nodes.seed", 0, "seed of TestNodesInProcesses's clients (0: from the clock)")
 
 var nodeTopics = []string{"a", "b", "c", ""}
 
@@ -54,14 +60,19 @@ func TestNodesInProcesses(t *testing.T) {
 		os.Exit(0)
 	}
 	dsn, prefix := testDSN(t), testPrefix(t)
-	began := time.Now()
+	seed := *nodesSeedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (rerun with -nodes.seed=%d)", seed, seed)
+	tr := newTruth(seed)
+	began := tr.timeline.Start
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
 	// The parent's store records the log as it grows, so rows pruned
 	// before the end are still known.
 	rec := openPrefixDSN(t, prefix, dsn)
-	tr := &truth{rows: map[int64]nodeRow{}}
 	recDone := make(chan struct{})
 	recStop := make(chan struct{})
 	var recAfter int64
@@ -75,7 +86,7 @@ func TestNodesInProcesses(t *testing.T) {
 				return nil
 			}
 			for _, ev := range evs {
-				tr.add(ev.Sequence, ev.EventID, ev.Topic, "log")
+				tr.ledger.Logged(ev)
 			}
 			recAfter = evs[len(evs)-1].Sequence
 		}
@@ -104,12 +115,14 @@ func TestNodesInProcesses(t *testing.T) {
 		<-recDone
 	}()
 
-	cl := &cluster{t: t, tr: tr}
+	cl := &cluster{t: t, tr: tr, limit: nodeLimit}
 	start := func(i, gen int) *nodeProc {
-		p := startNode(t, tr, dsn, prefix, fmt.Sprintf("n%dg%d", i, gen), i == 0)
+		name := fmt.Sprintf("n%dg%d", i, gen)
+		p := startNode(t, tr, dsn, prefix, name, i == 0)
 		select {
 		case addr := <-p.addr:
 			cl.setAddr(i, addr, gen)
+			tr.timeline.Add("node " + name + " up")
 		case <-time.After(20 * time.Second):
 			t.Fatalf("node %d did not start within 20s: %s", i, p.Stderr())
 		}
@@ -156,7 +169,7 @@ func TestNodesInProcesses(t *testing.T) {
 					return
 				}
 			}
-			c.run(cctx, cl, tr, rand.New(rand.NewPCG(uint64(i), uint64(began.UnixNano()))))
+			c.run(cctx, cl, tr, rand.New(rand.NewPCG(seed, uint64(i))))
 		}()
 	}
 	defer func() { ccancel(); cwg.Wait() }()
@@ -172,6 +185,7 @@ func TestNodesInProcesses(t *testing.T) {
 	nodes[1].Kill()
 	nodes[1].Wait()
 	cl.setAddr(1, "", 1)
+	tr.timeline.Add("node n1g1 killed")
 	killedAt := time.Now()
 	nodes[1] = start(1, 2)
 	t.Logf("node 1 killed at %v, back after %v", killedAt.Sub(began).Round(time.Millisecond), time.Since(killedAt).Round(time.Millisecond))
@@ -208,24 +222,20 @@ func TestNodesInProcesses(t *testing.T) {
 	ccancel()
 	cwg.Wait()
 
-	// The oracle.
+	// The oracle, on the log as a hub of this process reads it.
 	if errs := tr.errors(); len(errs) > 0 {
-		t.Fatalf("%d violations, the first: %v", len(errs), errs[:min(len(errs), 10)])
+		t.Fatalf("%d failures, the first: %v", len(errs), errs[:min(len(errs), 10)])
 	}
-	var resumes, exact, gaps, killedResumes, onRestarted int
-	var polls, pollEvents, sseEvents, pollGaps, pollExact, probes, switches int
+	h, err := replayd.NewWithStore(rec, replayd.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := tr.check(t, h, clients)
+	h.Close()
+	var killedResumes, onRestarted, probes, switches int
 	for _, c := range clients {
-		c.check(t, tr)
-		resumes += c.resumes
-		exact += c.exact
-		gaps += len(c.gaps)
 		killedResumes += c.killed
 		onRestarted += c.onRestarted
-		polls += c.polls
-		pollEvents += c.pollEvents
-		sseEvents += len(c.seqs) - c.pollEvents
-		pollGaps += c.pollGaps
-		pollExact += c.pollExact
 		probes += c.probes
 		switches += c.switches
 	}
@@ -238,24 +248,24 @@ func TestNodesInProcesses(t *testing.T) {
 	if onRestarted == 0 {
 		t.Errorf("no client connected to the restarted node")
 	}
-	if exact == 0 {
-		t.Errorf("no client resumed on another node without a gap (%d resumes)", resumes)
+	if rep.ExactResumes == 0 {
+		t.Errorf("no SSE client resumed on another node without a gap (%d resumes)", rep.Resumes)
 	}
-	if gaps == 0 {
+	if rep.Gaps["pruned"]+rep.Gaps["replay_limit"] == 0 {
 		t.Errorf("no gap frame: the clients joining from cursor 0 after pruning got none")
 	}
-	if pollGaps == 0 {
+	if rep.PollGaps["pruned"] == 0 {
 		t.Errorf("no poll answered a pruned gap: the poll client joining from cursor 0 after pruning got none")
 	}
-	if pollExact == 0 {
-		t.Errorf("no poll client resumed on another node without a gap")
+	if rep.PollExactResumes == 0 {
+		t.Errorf("no poll client resumed on another node without a gap (%d resumes)", rep.PollResumes)
 	}
 	if probes == 0 || switches == 0 {
 		t.Errorf("%d unknown_cursor probes, %d transport switches: want some of each", probes, switches)
 	}
-	t.Logf("%d events (%d acknowledged), head %d, %d pruned by node 0; %d resumes on another node (%d exact with no gap, %d after the kill, %d onto the restarted node), %d gaps; %d events checked over SSE, %d over %d polls (%d exact poll resumes, %d pruned gaps by poll, %d unknown_cursor probes), %d switches between SSE and polls; %v",
-		tr.count(), tr.acked(), tr.head(), pruned, resumes, exact, killedResumes, onRestarted, gaps,
-		sseEvents, pollEvents, polls, pollExact, pollGaps, probes, switches, time.Since(began).Round(time.Millisecond))
+	t.Logf("%d events, head %d, %d pruned by node 0; %d SSE resumes on another node (%d exact, with events and no gap), %d poll sessions resumed on another node (%d exact); %d visits after the kill ended a stream, %d onto the restarted node; %d unknown_cursor probes, %d switches between SSE and polls; %v",
+		rep.Published, tr.head(), pruned, rep.Resumes, rep.ExactResumes, rep.PollResumes, rep.PollExactResumes,
+		killedResumes, onRestarted, probes, switches, time.Since(began).Round(time.Millisecond))
 }
 
 // sleepCtx waits d or until ctx ends.
@@ -268,41 +278,36 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// nodeRow is what is known of one sequence: its event id and topic.
-type nodeRow struct {
-	id, topic string
-	acked     bool
-}
-
-// truth gathers every committed event from every source (acknowledgements,
-// the recorder's reads, the clients' frames) and the violations found.
+// truth is what a multi-node test knows: the oracle's ledger (what the
+// nodes' publishes returned or attempted, rows read from the log), the
+// timeline of kills and restarts, and the test's own failures (a client
+// that cannot go on, a node's unexpected output). The checks are the
+// oracle's (check).
 type truth struct {
+	ledger   *chaostest.Ledger
+	timeline *chaostest.Timeline
+	seed     uint64
+	ids      atomic.Int64 // record ids, for traces
+
 	mu   sync.Mutex
-	rows map[int64]nodeRow
-	max  int64 // the highest sequence known committed
 	errs []string
 }
 
-func (tr *truth) add(seq int64, id, topic, source string) {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	r, ok := tr.rows[seq]
-	if ok && (r.id != id || r.topic != topic) {
-		tr.errs = append(tr.errs, fmt.Sprintf("sequence %d is %s/%q to %s, but %s/%q elsewhere", seq, id, topic, source, r.id, r.topic))
-		return
-	}
-	r.id, r.topic = id, topic
-	r.acked = r.acked || source == "ack"
-	tr.rows[seq] = r
-	tr.max = max(tr.max, seq)
+func newTruth(seed uint64) *truth {
+	return &truth{ledger: chaostest.NewLedger(), timeline: chaostest.NewTimeline(), seed: seed}
 }
 
-// known returns the highest sequence known to be committed: a head read
-// after it must be at least this.
-func (tr *truth) known() int64 {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	return tr.max
+// add records a row of the log the test has verified itself (crashLog: its
+// type, topic and payload follow from its event id, which a node tried to
+// publish), acknowledged at its sequence or not: the oracle takes it as
+// published.
+func (tr *truth) add(ev replayd.Event, acked bool) {
+	if acked {
+		tr.ledger.Published(ev)
+		return
+	}
+	tr.ledger.Attempted(ev)
+	tr.ledger.Logged(ev)
 }
 
 func (tr *truth) fail(format string, args ...any) {
@@ -317,71 +322,72 @@ func (tr *truth) errors() []string {
 	return slices.Clone(tr.errs)
 }
 
-// visible returns the sequences visible to scope, ascending.
-func (tr *truth) visible(scope []string) []int64 {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	var out []int64
-	for seq, r := range tr.rows {
-		if scopeSees(scope, r.topic) {
-			out = append(out, seq)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-func (tr *truth) last(scope []string) int64 {
-	v := tr.visible(scope)
-	if len(v) == 0 {
-		return 0
-	}
-	return v[len(v)-1]
-}
+// last returns the newest sequence known committed that scope sees.
+func (tr *truth) last(scope []string) int64 { return tr.ledger.Last(scope) }
 
 func (tr *truth) head() int64 { return tr.last(nil) }
 
-func (tr *truth) count() int {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	return len(tr.rows)
-}
-
-func (tr *truth) acked() int {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	n := 0
-	for _, r := range tr.rows {
-		if r.acked {
-			n++
-		}
+// check hands the ledger, the log as h reads it now and every client's
+// records to the chaos oracle; it reports the violations (with traces)
+// and what was checked, and returns the report.
+func (tr *truth) check(t *testing.T, h *replayd.EventHub, clients []*nodeClient) *chaostest.Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows, mark, err := chaostest.ReadLog(ctx, h)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return n
+	head, err := h.LatestSequence(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := chaostest.Input{Ledger: tr.ledger, Log: rows, Mark: mark, Head: head, Seed: tr.seed, Timeline: tr.timeline}
+	for _, c := range clients {
+		c.mu.Lock()
+		in.Conns = append(in.Conns, c.conns...)
+		in.Polls = append(in.Polls, c.sessions...)
+		c.mu.Unlock()
+	}
+	rep := chaostest.Check(in)
+	for i, msg := range rep.Violations {
+		if i == 8 {
+			t.Errorf("... and %d more violations", len(rep.Violations)-i)
+			break
+		}
+		t.Errorf("%s", msg)
+	}
+	rep.Log(t)
+	if n := len(rep.Violations); n > 0 {
+		t.Errorf("the chaos oracle found %d violations; seed %d", n, tr.seed)
+	}
+	return rep
 }
 
-func scopeSees(scope []string, topic string) bool {
-	return len(scope) == 0 || topic == "" || slices.Contains(scope, topic)
-}
-
-// cluster is the nodes' current addresses ("" while one is down).
+// cluster is the nodes' current addresses ("" while one is down) and what
+// the oracle knows of each.
 type cluster struct {
-	t     *testing.T
-	tr    *truth
-	mu    sync.Mutex
-	addrs [3]string
-	gens  [3]int
+	t       *testing.T
+	tr      *truth
+	limit   int  // the nodes' ReplayLimit
+	outages bool // the database may be down: a node may answer 503
+	mu      sync.Mutex
+	addrs   [3]string
+	gens    [3]int
+	servers [3]*chaostest.Server
 }
 
 func (cl *cluster) setAddr(i int, addr string, gen int) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	cl.addrs[i], cl.gens[i] = addr, gen
+	cl.servers[i] = &chaostest.Server{Name: fmt.Sprintf("n%dg%d", i, gen), ReplayLimit: cl.limit, Unavailable: cl.outages}
 }
 
-func (cl *cluster) addr(i int) (string, int) {
+func (cl *cluster) addr(i int) (string, int, *chaostest.Server) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	return cl.addrs[i], cl.gens[i]
+	return cl.addrs[i], cl.gens[i], cl.servers[i]
 }
 
 // clientMode is how a nodeClient reads: SSE, polls, or SSE and polls by
@@ -394,7 +400,8 @@ const (
 	overBoth clientMode = "both"
 )
 
-// nodeClient is a client hopping between nodes, over SSE, polls or both.
+// nodeClient is a client hopping between nodes, over SSE, polls or both,
+// recording every connection and poll for the oracle.
 type nodeClient struct {
 	name     string
 	scope    []string
@@ -404,23 +411,18 @@ type nodeClient struct {
 	sticky   bool // leaves its node only when the stream ends
 	outages  bool // the database may be down: a poll's 503 sends it to another node
 
-	mu          sync.Mutex
-	connected   bool // a first hello was read
-	start       int64
-	cursor      int64
-	seqs        []int64
-	gaps        [][2]int64 // missedFrom, missedThrough
-	resumes     int        // connections after the first (always on another node)
-	killed      int        // resumes after a stream the client did not end
-	onRestarted int        // connections to a node's second generation
-	exact       int        // resumes on another node that went on at the cursor with no gap
+	mu        sync.Mutex
+	connected bool            // it holds a cursor: a hello, an event or an answer gave it
+	cursor    int64           // as an EventSource keeps it: the last id received
+	last      chaostest.Visit // the visit that gave it its cursor
+	conns     []*chaostest.Conn
+	sessions  []*chaostest.PollSession
 
-	polls      int // poll answers checked
-	pollEvents int // events received by poll (the rest of seqs by SSE)
-	pollGaps   int // pruned gaps answered to polls
-	pollExact  int // poll resumes on another node that went on at the cursor with no gap
-	probes     int // unknown_cursor probes answered as SPEC §11 says
-	switches   int // visits whose transport differed from the previous visit's
+	resumes     int // visits after the first (always on another node)
+	killed      int // resumes after a visit the client did not end
+	onRestarted int // visits to a node's second generation
+	probes      int // unknown_cursor probes answered
+	switches    int // visits whose transport differed from the previous visit's
 }
 
 func (c *nodeClient) cursorNow() int64 {
@@ -429,28 +431,13 @@ func (c *nodeClient) cursorNow() int64 {
 	return c.cursor
 }
 
-// countVisit counts a visit that was answered: a resume (after a stream
-// the client did not end, or not) and a visit to a node's second
-// generation. c.mu is held.
-func (c *nodeClient) countVisit(resuming, afterLoss bool, gen int) {
-	if resuming {
-		c.resumes++
-		if afterLoss {
-			c.killed++
-		}
-	}
-	if gen == 2 {
-		c.onRestarted++
-	}
-}
-
 // run connects, reads, and hops to another node until ctx ends: a
 // non-sticky client leaves after a random 300-1200 ms; any client leaves
 // when its stream ends (its node was killed).
 func (c *nodeClient) run(ctx context.Context, cl *cluster, tr *truth, rng *rand.Rand) {
 	lostStream := false
 	for visit := 0; ctx.Err() == nil; {
-		base, gen := cl.addr(c.node)
+		base, gen, srv := cl.addr(c.node)
 		if base == "" {
 			c.node = (c.node + 1) % 3
 			sleepCtx(ctx, 10*time.Millisecond)
@@ -465,9 +452,9 @@ func (c *nodeClient) run(ctx context.Context, cl *cluster, tr *truth, rng *rand.
 			err  error
 		)
 		if c.mode == overPoll || (c.mode == overBoth && visit%2 == 1) {
-			ours, err = c.pollFor(ctx, base, gen, life, lostStream, tr, rng)
+			ours, err = c.pollFor(ctx, srv, base, gen, life, lostStream, tr, rng)
 		} else {
-			ours, err = c.connect(ctx, base, gen, life, lostStream, tr)
+			ours, err = c.connect(ctx, srv, base, gen, life, lostStream, tr)
 		}
 		if c.mode == overBoth && visit > 0 {
 			c.mu.Lock()
@@ -487,257 +474,168 @@ func (c *nodeClient) run(ctx context.Context, cl *cluster, tr *truth, rng *rand.
 	}
 }
 
-// connect runs one SSE connection for at most life; it returns whether the
-// client ended it (false: the server or the network did). Protocol
-// violations go to tr; err is for what ends the client.
-func (c *nodeClient) connect(ctx context.Context, base string, gen int, life time.Duration, afterLoss bool, tr *truth) (ours bool, err error) {
+// visit counts a visit that was answered: a resume (after a stream the
+// client did not end, or not) and a visit to a node's second generation.
+func (c *nodeClient) visit(resuming, afterLoss bool, gen int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if resuming {
+		c.resumes++
+		if afterLoss {
+			c.killed++
+		}
+	}
+	if gen == 2 {
+		c.onRestarted++
+	}
+}
+
+// connect runs one SSE connection for at most life, recording it; it
+// returns whether the client ended it (false: the server or the network
+// did). err is for what ends the client.
+func (c *nodeClient) connect(ctx context.Context, srv *chaostest.Server, base string, gen int, life time.Duration, afterLoss bool, tr *truth) (ours bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, life)
 	defer cancel()
+	c.mu.Lock()
+	resuming := c.connected
+	rec := &chaostest.Conn{Server: srv, Topics: c.scope, ID: int(tr.ids.Add(1)), Client: c.name, Mode: "fresh", Via: "header",
+		Behaviour: map[bool]string{false: "hop", true: "sticky"}[c.sticky], Start: tr.timeline.Since(), Known: tr.ledger.Max()}
+	switch {
+	case resuming:
+		rec.Mode, rec.Sent, rec.After = "resume", strconv.FormatInt(c.cursor, 10), c.last
+	case c.fromZero:
+		rec.Mode, rec.Sent = "zero", "0"
+	}
+	c.conns = append(c.conns, rec)
+	c.mu.Unlock()
+	defer func() { rec.Stop = tr.timeline.Since() }()
+
 	req, err := http.NewRequestWithContext(cctx, http.MethodGet, base+"/?"+url.Values{"topic": c.scope}.Encode(), nil)
 	if err != nil {
 		return false, err
 	}
-	c.mu.Lock()
-	resuming := c.connected
-	cursor := c.cursor
-	c.mu.Unlock()
-	if resuming || c.fromZero {
-		req.Header.Set("Last-Event-ID", strconv.FormatInt(cursor, 10))
+	if rec.Sent != "" {
+		req.Header.Set("Last-Event-ID", rec.Sent)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
+		rec.End = "no response: " + err.Error()
 		return cctx.Err() != nil, nil // refused (the node is dying): try another
 	}
 	defer resp.Body.Close()
+	rec.Status, rec.Chunked = resp.StatusCode, slices.Contains(resp.TransferEncoding, "chunked")
 	if resp.StatusCode != http.StatusOK {
+		rec.End = "status " + resp.Status
+		if c.outages && resp.StatusCode == http.StatusServiceUnavailable {
+			return false, nil
+		}
 		return false, fmt.Errorf("status %d", resp.StatusCode)
 	}
-	c.mu.Lock()
-	c.countVisit(resuming, afterLoss, gen)
-	c.mu.Unlock()
+	c.visit(resuming, afterLoss, gen)
 
-	frames := make(chan sseFrame, 64)
+	frames := make(chan chaostest.Frame, 64)
 	perr := make(chan error, 1)
-	go func() { perr <- readSSE(resp.Body, frames) }()
-	hello, gapped, counted := true, false, false
+	go func() {
+		perr <- chaostest.ReadFrames(resp.Body, frames)
+		close(frames)
+	}()
 	for f := range frames {
-		switch {
-		case hello:
-			hello = false
-			var d struct{ Cursor, Head int64 }
-			if f.event != "hello" || json.Unmarshal([]byte(f.data), &d) != nil {
-				tr.fail("%s: first frame %+v, want hello", c.name, f)
-				continue
-			}
+		rec.Add(f)
+		if seq, err := strconv.ParseInt(f.ID, 10, 64); f.HasID && err == nil {
 			c.mu.Lock()
-			if !c.connected {
-				c.connected, c.start, c.cursor = true, d.Cursor, d.Cursor
-				if c.fromZero && d.Cursor != 0 {
-					tr.fail("%s: hello cursor %d, sent 0", c.name, d.Cursor)
-				}
-			} else if d.Cursor != c.cursor {
-				tr.fail("%s: resumed on %s with cursor %d, hello says %d", c.name, base, c.cursor, d.Cursor)
-			}
+			c.connected, c.cursor, c.last = true, seq, rec
 			c.mu.Unlock()
-		case f.event == "gap":
-			var g struct {
-				Reason                    string
-				ResumedFrom               *int64
-				MissedFrom, MissedThrough *int64
-			}
-			if err := json.Unmarshal([]byte(f.data), &g); err != nil || g.MissedFrom == nil || g.MissedThrough == nil || (g.Reason != "pruned" && g.Reason != "replay_limit") {
-				tr.fail("%s on %s: gap %s", c.name, base, f.data)
-				continue
-			}
-			c.mu.Lock()
-			if *g.MissedFrom <= c.cursor {
-				tr.fail("%s on %s: gap %s reaches below the cursor %d", c.name, base, f.data, c.cursor)
-			}
-			c.gaps = append(c.gaps, [2]int64{*g.MissedFrom, *g.MissedThrough})
-			gapped = true
-			c.mu.Unlock()
-		case f.event == "message":
-			seq, err := strconv.ParseInt(f.id, 10, 64)
-			var p struct{ ID, Topic string }
-			if err != nil || json.Unmarshal([]byte(f.data), &p) != nil {
-				tr.fail("%s: bad frame %+v", c.name, f)
-				continue
-			}
-			tr.add(seq, p.ID, p.Topic, c.name)
-			c.mu.Lock()
-			switch {
-			case seq <= c.cursor:
-				tr.fail("%s on %s: event %d at cursor %d (out of order or repeated)", c.name, base, seq, c.cursor)
-			case !scopeSees(c.scope, p.Topic):
-				tr.fail("%s on %s: event %d of topic %q is outside its scope", c.name, base, seq, p.Topic)
-			case len(c.gaps) > 0 && c.gaps[len(c.gaps)-1][1] >= seq:
-				tr.fail("%s on %s: event %d inside the gap %v it follows", c.name, base, seq, c.gaps[len(c.gaps)-1])
-			}
-			if resuming && !gapped && !counted {
-				c.exact++ // the check proves nothing visible was skipped
-				counted = true
-			}
-			c.seqs = append(c.seqs, seq)
-			c.cursor = max(c.cursor, seq)
-			c.mu.Unlock()
-		case f.event == "heartbeat":
-		default:
-			tr.fail("%s: unexpected frame %+v", c.name, f)
 		}
 	}
-	<-perr
+	rec.End = fmt.Sprintf("stream ended (%v)", <-perr)
+	if cctx.Err() != nil {
+		rec.End = "client left"
+	}
 	return cctx.Err() != nil, nil
 }
 
 // pollFor polls one node for at most life, passing the cursor back each
-// time; it returns whether the client ended the visit (false: a request
-// failed, the node is down). Every answer is checked against SPEC §11 and
-// the truth; violations go to tr; err is for what ends the client.
-func (c *nodeClient) pollFor(ctx context.Context, base string, gen int, life time.Duration, afterLoss bool, tr *truth, rng *rand.Rand) (ours bool, err error) {
+// time, as one recorded session; it returns whether the client ended the
+// visit (false: a request failed, the node is down). err is for what ends
+// the client.
+func (c *nodeClient) pollFor(ctx context.Context, srv *chaostest.Server, base string, gen int, life time.Duration, afterLoss bool, tr *truth, rng *rand.Rand) (ours bool, err error) {
 	end := time.Now().Add(life)
-	first, idle, gapped, counted := true, false, false, false
-	c.mu.Lock()
-	resuming := c.connected
-	c.mu.Unlock()
 	if rng.IntN(4) == 0 {
-		if !c.probe(ctx, base, tr) {
+		if !c.probe(ctx, srv, base, tr) {
 			return ctx.Err() != nil, nil
 		}
 	}
+	c.mu.Lock()
+	resuming := c.connected
+	s := &chaostest.PollSession{Server: srv, Topics: c.scope, ID: int(tr.ids.Add(1)), Client: c.name, Mode: "fresh"}
+	switch {
+	case resuming:
+		s.Mode, s.After = "resume", c.last
+	case c.fromZero:
+		s.Mode = "zero"
+	}
+	c.sessions = append(c.sessions, s)
+	c.mu.Unlock()
+	first, idle := true, false
 	for time.Now().Before(end) {
 		if ctx.Err() != nil {
+			s.End = "client stopped"
 			return true, nil
 		}
 		c.mu.Lock()
 		connected, cursor := c.connected, c.cursor
 		c.mu.Unlock()
-		fresh := !connected && !c.fromZero
+		p := &chaostest.Poll{Limit: 1 + rng.IntN(200), Known: tr.ledger.Max()}
 		q := url.Values{"topic": c.scope}
-		if !fresh {
-			q.Set("cursor", strconv.FormatInt(cursor, 10))
+		if connected || c.fromZero {
+			p.Sent = strconv.FormatInt(cursor, 10)
+			q.Set("cursor", p.Sent)
+			if idle || rng.IntN(2) == 0 {
+				p.Wait = 500 * time.Millisecond // held until an event of the scope is committed on any node
+				q.Set("wait", "0.5")
+			}
 		}
-		limit := 1 + rng.IntN(200)
-		q.Set("limit", strconv.Itoa(limit))
-		if !fresh && (idle || rng.IntN(2) == 0) {
-			q.Set("wait", "0.5") // held until an event of the scope is committed on any node
-		}
-		known := tr.known()
-		ans, err := getPoll(ctx, base+"/poll?"+q.Encode())
+		q.Set("limit", strconv.Itoa(p.Limit))
+		s.Polls = append(s.Polls, p)
+		status, ok, err := getPoll(ctx, base+"/poll?"+q.Encode(), p, tr)
 		if err != nil {
-			if ctx.Err() != nil {
-				return true, nil
-			}
-			if errors.Is(err, errPollStatus) && !(c.outages && errors.Is(err, errPoll503)) {
-				return false, err
-			}
-			return false, nil // the node is dying, or its database is down: try another
+			s.End = err.Error()
+			return ctx.Err() != nil, nil // the node is dying: try another
 		}
-		c.mu.Lock()
-		c.polls++
+		if !ok {
+			s.End = fmt.Sprintf("status %d", status)
+			if c.outages && status == http.StatusServiceUnavailable {
+				return false, nil // its database is down: try another node
+			}
+			return false, fmt.Errorf("poll on %s: %s", base, s.End)
+		}
 		if first {
 			first = false
-			c.countVisit(resuming, afterLoss, gen)
+			c.visit(resuming, afterLoss, gen)
 		}
-		bad := func(format string, args ...any) {
-			tr.fail("%s poll on %s at cursor %d: %s", c.name, base, cursor, fmt.Sprintf(format, args...))
-		}
-		if ans.Head < known {
-			bad("head %d, but %d was committed before the request", ans.Head, known)
-		}
-		if len(ans.Events) > limit {
-			bad("%d events for limit %d", len(ans.Events), limit)
-		}
-		if ans.More && len(ans.Events) < limit {
-			bad("more with %d events for limit %d", len(ans.Events), limit)
-		}
-		after := cursor // events must be above it
-		switch {
-		case fresh:
-			if ans.Gap != nil || len(ans.Events) > 0 || ans.Cursor != ans.Head {
-				bad("fresh poll answered gap %+v, %d events, cursor %d, head %d", ans.Gap, len(ans.Events), ans.Cursor, ans.Head)
-			}
-			c.connected, c.start, c.cursor = true, ans.Cursor, ans.Cursor
-			c.mu.Unlock()
-			continue
-		case ans.Gap == nil:
-		case ans.Gap.Reason == "pruned":
-			g := ans.Gap
-			if g.ResumedFrom == nil || *g.ResumedFrom != cursor || g.MissedFrom == nil || *g.MissedFrom != cursor+1 ||
-				g.MissedThrough == nil || *g.MissedThrough <= cursor || g.Missed != nil {
-				bad("pruned gap %s", g)
-				break
-			}
-			c.gaps = append(c.gaps, [2]int64{*g.MissedFrom, *g.MissedThrough})
-			c.pollGaps++
-			gapped = true
-			after = *g.MissedThrough
-		default:
-			// unknown_cursor needs a cursor above the head: this one is a
-			// sequence some node served, and replay_limit is not for polls.
-			bad("gap %s", ans.Gap)
-		}
-		if !connected {
-			c.connected, c.start = true, cursor
-		}
-		for _, e := range ans.Events {
-			var p struct{ ID, Topic string }
-			topic := ""
-			if e.Topic != nil {
-				topic = *e.Topic
-			}
-			if err := json.Unmarshal(e.Data, &p); err != nil || p.Topic != topic || e.Type != "message" {
-				bad("bad event %d: type %q, topic %v, data %s", e.ID, e.Type, e.Topic, e.Data)
-				continue
-			}
-			tr.add(e.ID, p.ID, p.Topic, c.name)
-			switch {
-			case e.ID <= after:
-				bad("event %d not above %d (out of order, repeated or inside the gap)", e.ID, after)
-			case !scopeSees(c.scope, p.Topic):
-				bad("event %d of topic %q is outside its scope", e.ID, p.Topic)
-			}
-			after = max(after, e.ID)
-			c.seqs = append(c.seqs, e.ID)
-			c.pollEvents++
-		}
-		if n := len(ans.Events); n > 0 {
-			if ans.Cursor != ans.Events[n-1].ID {
-				bad("cursor %d, last event %d", ans.Cursor, ans.Events[n-1].ID)
-			}
-			if resuming && !gapped && !counted {
-				c.pollExact++ // check proves nothing visible was skipped
-				c.exact++
-			}
-			counted = true
-		} else if ans.Cursor != cursor {
-			bad("cursor %d with no events", ans.Cursor)
-		}
-		c.cursor = max(c.cursor, ans.Cursor)
-		idle = len(ans.Events) == 0 && ans.Gap == nil
+		c.mu.Lock()
+		c.connected, c.cursor, c.last = true, p.Cursor(), s
 		c.mu.Unlock()
+		idle = p.Events() == 0 && p.Gap() == ""
 	}
+	s.End = "visit over"
 	return true, nil
 }
 
-// probe sends one poll with a cursor far above any head: SPEC §11 answers
-// an unknown_cursor gap with the head as the cursor and no events. The
-// client's cursor does not move. It returns false when the request failed
-// (the node is dying).
-func (c *nodeClient) probe(ctx context.Context, base string, tr *truth) bool {
-	bogus := tr.known() + 1e12
-	known := tr.known()
-	ans, err := getPoll(ctx, base+"/poll?"+url.Values{"topic": c.scope, "cursor": {strconv.FormatInt(bogus, 10)}}.Encode())
-	if err != nil {
-		if errors.Is(err, errPollStatus) && !(c.outages && errors.Is(err, errPoll503)) {
-			tr.fail("%s probe on %s: %v", c.name, base, err)
-		}
+// probe sends one poll with a cursor far above any head, as a session of
+// its own: SPEC §11 answers an unknown_cursor gap with the head as the
+// cursor and no events. The client's cursor does not move. It returns
+// false when the request failed (the node is dying).
+func (c *nodeClient) probe(ctx context.Context, srv *chaostest.Server, base string, tr *truth) bool {
+	known := tr.ledger.Max()
+	p := &chaostest.Poll{Sent: strconv.FormatInt(known+1e12, 10), Limit: 50, Known: known}
+	s := &chaostest.PollSession{Server: srv, Topics: c.scope, ID: int(tr.ids.Add(1)), Client: c.name, Mode: "future", End: "probe", Polls: []*chaostest.Poll{p}}
+	c.mu.Lock()
+	c.sessions = append(c.sessions, s)
+	c.mu.Unlock()
+	q := url.Values{"topic": c.scope, "cursor": {p.Sent}, "limit": {strconv.Itoa(p.Limit)}}
+	if _, ok, err := getPoll(ctx, base+"/poll?"+q.Encode(), p, tr); err != nil || !ok {
 		return false
-	}
-	g := ans.Gap
-	if g == nil || g.Reason != "unknown_cursor" || g.ResumedFrom == nil || *g.ResumedFrom != bogus ||
-		g.MissedFrom != nil || g.MissedThrough != nil || g.Missed != nil ||
-		len(ans.Events) > 0 || ans.Cursor != ans.Head || ans.Head < known {
-		tr.fail("%s probe on %s with cursor %d (known head %d): cursor %d, head %d, gap %s, %d events", c.name, base, bogus, known, ans.Cursor, ans.Head, g, len(ans.Events))
 	}
 	c.mu.Lock()
 	c.probes++
@@ -745,95 +643,29 @@ func (c *nodeClient) probe(ctx context.Context, base string, tr *truth) bool {
 	return true
 }
 
-// pollAnswer is a poll's JSON answer (SPEC §11).
-type pollAnswer struct {
-	Cursor, Head int64
-	More         bool
-	Gap          *pollGap
-	Events       []struct {
-		ID    int64
-		Type  string
-		Topic *string
-		Data  json.RawMessage
-	}
-}
-
-type pollGap struct {
-	Reason                                         string
-	ResumedFrom, MissedFrom, MissedThrough, Missed *int64
-}
-
-func (g *pollGap) String() string {
-	if g == nil {
-		return "null"
-	}
-	s := func(p *int64) string {
-		if p == nil {
-			return "null"
-		}
-		return strconv.FormatInt(*p, 10)
-	}
-	return fmt.Sprintf("{%s resumedFrom %s missed %s..%s (%s)}", g.Reason, s(g.ResumedFrom), s(g.MissedFrom), s(g.MissedThrough), s(g.Missed))
-}
-
-var (
-	errPollStatus = errors.New("poll status")
-	errPoll503    = errors.New("poll status 503")
-)
-
-// getPoll sends one poll, for at most 10 s. An answer other than 200 is
-// errPollStatus; a failed request or a body cut short (the node was
-// killed) is another error.
-func getPoll(ctx context.Context, u string) (*pollAnswer, error) {
+// getPoll sends one poll, for at most 10 s, and records it in p. ok
+// reports a well-formed 200 answer; err a request that failed or a body
+// cut short (the node was killed), which leaves p without a status.
+func getPoll(ctx context.Context, u string, p *chaostest.Poll, tr *truth) (status int, ok bool, err error) {
+	p.Start = tr.timeline.Since()
+	defer func() { p.Stop = tr.timeline.Since() }()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, err
+		return 0, false, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return 0, false, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return 0, false, err
 	}
-	if resp.StatusCode == http.StatusServiceUnavailable {
-		return nil, fmt.Errorf("%w, %w: %s", errPollStatus, errPoll503, body)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%w %d: %s", errPollStatus, resp.StatusCode, body)
-	}
-	var ans pollAnswer
-	if err := json.Unmarshal(body, &ans); err != nil {
-		return nil, fmt.Errorf("%w 200 with a body that is not an answer: %v: %.200s", errPollStatus, err, body)
-	}
-	return &ans, nil
-}
-
-// check: every event visible to the scope above the starting cursor and
-// up to the client's cursor was received exactly once, in order, or lies
-// inside a gap's range.
-func (c *nodeClient) check(t *testing.T, tr *truth) {
-	t.Helper()
-	got := map[int64]bool{}
-	for _, s := range c.seqs {
-		got[s] = true
-	}
-	var missing []int64
-	for _, seq := range tr.visible(c.scope) {
-		if seq <= c.start || seq > c.cursor || got[seq] {
-			continue
-		}
-		if !slices.ContainsFunc(c.gaps, func(g [2]int64) bool { return g[0] <= seq && seq <= g[1] }) {
-			missing = append(missing, seq)
-		}
-	}
-	if len(missing) > 0 {
-		t.Errorf("%s (from %d, at %d, gaps %v): %d events neither received nor inside a gap, the first %v", c.name, c.start, c.cursor, c.gaps, len(missing), missing[:min(len(missing), 10)])
-	}
+	p.Record(resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	return resp.StatusCode, p.OK(), nil
 }
 
 // sseFrame is one dispatched SSE frame.
@@ -861,10 +693,10 @@ func readSSE(r io.Reader, out chan<- sseFrame) error {
 
 // runNode is the child: a hub on the log with StartTail and its SSE
 // handler on 127.0.0.1, two publishers, and (with prune) a retention loop.
-// It prints "addr <url>", "ack <sequence> <id> <topic or ->" per publish
-// that returned, "pruned <n>" per prune that deleted rows, and "stopped"
-// once it has stopped publishing after reading "stop" on stdin. It exits
-// when stdin ends.
+// It prints "addr <url>", "try <event as JSON>" before each publish and
+// "ack <event as JSON>" with what it returned, "pruned <n>" per prune that
+// deleted rows, and "stopped" once it has stopped publishing after reading
+// "stop" on stdin. It exits when stdin ends.
 func runNode(dsn, prefix, name string, prune bool) {
 	die := func(code int, err error) {
 		fmt.Fprintln(os.Stderr, "node:", err)
@@ -875,7 +707,7 @@ func runNode(dsn, prefix, name string, prune bool) {
 	if err != nil {
 		die(2, err)
 	}
-	hub, err := replayd.NewWithStore(s, replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 1000, HeartbeatInterval: -1}})
+	hub, err := replayd.NewWithStore(s, replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: nodeLimit, HeartbeatInterval: -1}})
 	if err != nil {
 		die(2, err)
 	}
@@ -903,11 +735,15 @@ func runNode(dsn, prefix, name string, prune bool) {
 				}
 				topic := nodeTopics[(n+w)%len(nodeTopics)]
 				id := fmt.Sprintf("%s-w%d-%d", name, w, n)
-				ev, err := hub.Publish(ctx, topic, map[string]string{"id": id, "topic": topic}, replayd.WithEventID(id))
+				payload, _ := json.Marshal(map[string]string{"id": id, "topic": topic})
+				try, _ := json.Marshal(replayd.Event{EventID: id, Type: "message", Topic: topic, Payload: payload})
+				say("try %s", try)
+				ev, err := hub.Publish(ctx, topic, json.RawMessage(payload), replayd.WithEventID(id))
 				if err != nil {
 					die(3, err)
 				}
-				say("ack %d %s %s", ev.Sequence, id, cmpOr(topic, "-"))
+				ack, _ := json.Marshal(ev)
+				say("ack %s", ack)
 			}
 		}()
 	}
@@ -944,13 +780,6 @@ func runNode(dsn, prefix, name string, prune bool) {
 	os.Exit(0) // the parent is done (or gone): no graceful close needed
 }
 
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
 // nodeProc is a node process (see internal/childproc).
 type nodeProc struct {
 	*childproc.Proc
@@ -969,8 +798,8 @@ func (p *nodeProc) prunedTotal() int64 {
 	return p.pruned
 }
 
-// startNode re-executes the test binary as a node; its acknowledgements go
-// to tr as they arrive.
+// startNode re-executes the test binary as a node; its attempts and
+// acknowledgements go to tr's ledger as they arrive.
 func startNode(t *testing.T, tr *truth, dsn, prefix, name string, prune bool) *nodeProc {
 	t.Helper()
 	env := []string{nodeDSNEnv + "=" + dsn, nodePrefixEnv + "=" + prefix, nodeNameEnv + "=" + name}
@@ -985,17 +814,17 @@ func startNode(t *testing.T, tr *truth, dsn, prefix, name string, prune bool) *n
 			switch {
 			case len(f) == 2 && f[0] == "addr":
 				p.addr <- f[1]
-			case len(f) == 4 && f[0] == "ack":
-				seq, err := strconv.ParseInt(f[1], 10, 64)
-				if err != nil {
-					tr.fail("%s: %q", name, sc.Text())
+			case len(f) == 2 && (f[0] == "try" || f[0] == "ack"):
+				var ev replayd.Event
+				if err := json.Unmarshal([]byte(f[1]), &ev); err != nil {
+					tr.fail("%s: %q: %v", name, sc.Text(), err)
 					continue
 				}
-				topic := f[3]
-				if topic == "-" {
-					topic = ""
+				if f[0] == "try" {
+					tr.ledger.Attempted(ev)
+				} else {
+					tr.ledger.Published(ev)
 				}
-				tr.add(seq, f[2], topic, "ack")
 			case len(f) == 2 && f[0] == "pruned":
 				n, _ := strconv.ParseInt(f[1], 10, 64)
 				p.mu.Lock()
@@ -1004,6 +833,7 @@ func startNode(t *testing.T, tr *truth, dsn, prefix, name string, prune bool) *n
 				}
 				p.pruned += n
 				p.mu.Unlock()
+				tr.timeline.Add(fmt.Sprintf("node %s pruned %d rows", name, n))
 			case len(f) == 1 && f[0] == "stopped":
 				close(p.stopped)
 			default:
