@@ -179,6 +179,38 @@ func (g *groupCommit) stop() {
 	<-g.done
 }
 
+// rawCeilings are the raw inserts the benchmarks compare with, into a
+// table of the log's shape (rawTable) on a pool of benchPublishers.
+type rawCeilings struct {
+	pool  *pgxpool.Pool
+	table string
+}
+
+// singles inserts n rows with single-row autocommit inserts from
+// benchPublishers goroutines; id names row i.
+func (r rawCeilings) singles(b *testing.B, n int, id func(i int) string) {
+	q := `INSERT INTO ` + r.table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
+	parallel(b, n, func(i int) error {
+		_, err := r.pool.Exec(context.Background(), q, id(i))
+		return err
+	})
+}
+
+// batches inserts n rows (a multiple of 1,000) with 1,000-row statements.
+func (r rawCeilings) batches(b *testing.B, n int, id func(i int) string) {
+	q := `INSERT INTO ` + r.table + ` (event_id, type, topic, payload)
+		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	for i := 0; i < n; i += 1000 {
+		ids := make([]string, 1000)
+		for j := range ids {
+			ids[j] = id(i + j)
+		}
+		if _, err := r.pool.Exec(context.Background(), q, ids); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // parallel runs n operations spread over benchPublishers goroutines.
 func parallel(b *testing.B, n int, op func(i int) error) {
 	b.Helper()
@@ -326,9 +358,7 @@ func benchPaired64(b *testing.B, writers int) {
 	g := startGroupCommitN(s, writers)
 	defer g.stop()
 	const round = 2000
-	single := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
-	batch := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
-		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	raw := rawCeilings{pool, table}
 	var tGroup, tRaw, tBatch time.Duration
 	b.ResetTimer()
 	for r := range b.N {
@@ -337,21 +367,10 @@ func benchPaired64(b *testing.B, writers int) {
 		parallel(b, round, func(i int) error { return g.publish(ev(id("g", i), "room", `{"n":1}`)) })
 		tGroup += time.Since(start)
 		start = time.Now()
-		parallel(b, round, func(i int) error {
-			_, err := pool.Exec(context.Background(), single, id("r", i))
-			return err
-		})
+		raw.singles(b, round, func(i int) string { return id("r", i) })
 		tRaw += time.Since(start)
 		start = time.Now()
-		for i := 0; i < round; i += 1000 {
-			ids := make([]string, 1000)
-			for j := range ids {
-				ids[j] = id("b", i+j)
-			}
-			if _, err := pool.Exec(context.Background(), batch, ids); err != nil {
-				b.Fatal(err)
-			}
-		}
+		raw.batches(b, round, func(i int) string { return id("b", i) })
 		tBatch += time.Since(start)
 	}
 	n := float64(b.N * round)
@@ -450,9 +469,7 @@ func BenchmarkPairedHub(b *testing.B) {
 	pool := testPoolDSN(b, withPoolSize(testDSN(b), benchPublishers))
 	table := rawTable(b, pool, prefix2)
 	const round = 2000
-	single := `INSERT INTO ` + table + ` (event_id, type, topic, payload) VALUES ($1, 'message', 'room', '{"n":1}')`
-	batch := `INSERT INTO ` + table + ` (event_id, type, topic, payload)
-		SELECT id, 'message', 'room', '{"n":1}' FROM unnest($1::text[]) AS u(id)`
+	raw := rawCeilings{pool, table}
 	store := openPrefix(b, testPrefix(b))
 	var tOne, tTwo, tRaw, tBatch, tAppend time.Duration
 	b.ResetTimer()
@@ -465,21 +482,10 @@ func BenchmarkPairedHub(b *testing.B) {
 		publishOn(b, round, twoA, twoB)
 		tTwo += time.Since(start)
 		start = time.Now()
-		parallel(b, round, func(i int) error {
-			_, err := pool.Exec(context.Background(), single, id("r", i))
-			return err
-		})
+		raw.singles(b, round, func(i int) string { return id("r", i) })
 		tRaw += time.Since(start)
 		start = time.Now()
-		for i := 0; i < round; i += 1000 {
-			ids := make([]string, 1000)
-			for j := range ids {
-				ids[j] = id("b", i+j)
-			}
-			if _, err := pool.Exec(context.Background(), batch, ids); err != nil {
-				b.Fatal(err)
-			}
-		}
+		raw.batches(b, round, func(i int) string { return id("b", i) })
 		tBatch += time.Since(start)
 		start = time.Now()
 		for i := 0; i < round; i += 1000 {

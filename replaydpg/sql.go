@@ -82,6 +82,16 @@ const eventColumns = `e.sequence, e.event_id, e.type, e.topic, e.payload, e.crea
 const (
 	qLock = `SELECT 1 FROM %[1]shead WHERE id = 1 FOR UPDATE`
 
+	// topicBases is the CTE tb of the append statements: for each topic d
+	// of the batch, the topic ordinal of its newest row (0 if none), by an
+	// index probe each.
+	topicBases = `tb AS MATERIALIZED (
+		SELECT coalesce(d.topic, '') AS topic, coalesce(CASE WHEN d.topic IS NULL
+			THEN (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
+			ELSE (SELECT e.topic_ord FROM %[1]sevents e WHERE (e.topic, e.sequence) > (d.topic, 0) AND (e.topic, e.sequence) <= (d.topic, 9223372036854775807)
+				ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
+		END, 0) AS ord0`
+
 	// $1..$4: event ids (distinct: Append drops repeats within the batch),
 	// types, topics (NULL: broadcast), payloads; $5 the NOTIFY channel
 	// (empty: none); $6 each event's rank, from 1, among the batch's events
@@ -94,12 +104,7 @@ const (
 			created_at = greatest(created_at, clock_timestamp())
 		WHERE id = 1
 		RETURNING seq - cardinality($1::text[]) AS seq0, ord - cardinality($1::text[]) AS ord0, created_at
-	), tb AS MATERIALIZED (
-		SELECT coalesce(d.topic, '') AS topic, coalesce(CASE WHEN d.topic IS NULL
-			THEN (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
-			ELSE (SELECT e.topic_ord FROM %[1]sevents e WHERE (e.topic, e.sequence) > (d.topic, 0) AND (e.topic, e.sequence) <= (d.topic, 9223372036854775807)
-				ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
-		END, 0) AS ord0
+	), ` + topicBases + `
 		FROM (SELECT DISTINCT topic FROM unnest($3::text[]) AS t(topic)) d
 	), ins AS (
 		INSERT INTO %[1]sevents (sequence, event_id, type, topic, payload, created_at, topic_ord, global_ord)
@@ -136,12 +141,7 @@ const (
 			created_at = greatest(%[1]shead.created_at, clock_timestamp())
 		FROM c WHERE %[1]shead.id = 1
 		RETURNING %[1]shead.seq - c.n AS seq0, %[1]shead.ord - c.n AS ord0, %[1]shead.created_at
-	), tb AS MATERIALIZED (
-		SELECT coalesce(d.topic, '') AS topic, coalesce(CASE WHEN d.topic IS NULL
-			THEN (SELECT e.topic_ord FROM %[1]sevents e WHERE e.topic IS NULL ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
-			ELSE (SELECT e.topic_ord FROM %[1]sevents e WHERE (e.topic, e.sequence) > (d.topic, 0) AND (e.topic, e.sequence) <= (d.topic, 9223372036854775807)
-				ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
-		END, 0) AS ord0
+	), ` + topicBases + `
 		FROM (SELECT DISTINCT topic FROM numbered) d
 	), ins AS (
 		INSERT INTO %[1]sevents (sequence, event_id, type, topic, payload, created_at, topic_ord, global_ord)
