@@ -31,7 +31,7 @@ import (
 // place for the handler's return.
 func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string, release *func()) {
 	if !h.opts.SSE.DetachConnections || r.ProtoMajor != 1 || !canFlush(w) {
-		h.serveStream(w, r, topics, rawCursor)
+		h.serveAttached(w, r, topics, rawCursor)
 		return
 	}
 	// Close waits for the goroutine below as for any stream.
@@ -46,7 +46,7 @@ func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		h.wg.Done()
-		h.serveStream(w, r, topics, rawCursor)
+		h.serveAttached(w, r, topics, rawCursor)
 		return
 	}
 	// The bufio.ReadWriter is dropped: nothing more is read from the
@@ -59,6 +59,16 @@ func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []
 	// (cookies included) can weigh more than the rest of the stream.
 	ctx := newStreamCtx(r.Context())
 	cancel := ctx.cancel
+	// So does a revocation the request carries (WithRevocation), watched
+	// until the stream ends.
+	end := cancel
+	if len(revocations(r.Context())) > 0 {
+		unrevoke := onRevoked(r.Context(), cancel)
+		end = func() {
+			unrevoke()
+			cancel()
+		}
+	}
 	r = &http.Request{
 		Method: r.Method, URL: r.URL, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
 		Host: r.Host, RemoteAddr: r.RemoteAddr, RequestURI: r.RequestURI, TLS: r.TLS,
@@ -76,28 +86,45 @@ func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []
 	if testHookDetached != nil {
 		testHookDetached()
 	}
-	go h.serveDetached(cw, r, topics, rawCursor, cancel)
+	go h.serveDetached(cw, r, topics, rawCursor, end)
 }
 
-// serveDetached runs a detached stream and closes its connection. An idle
+// serveAttached serves a stream on w, in its handler: it ends with the
+// request's context, or once a revocation the request carries is done.
+func (h *EventHub) serveAttached(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
+	r, unrevoke := revocable(r)
+	defer unrevoke()
+	h.serveStream(w, r, topics, rawCursor)
+}
+
+// serveDetached runs a detached stream and closes its connection, then
+// calls end, which ends its context and its revocation watch. An idle
 // stream's goroutine sits in the live loop's select: its frame, like
 // serveStream's, stays on the stack (see liveLoop).
-func (h *EventHub) serveDetached(cw *connWriter, r *http.Request, topics []string, rawCursor string, cancel func()) {
-	defer h.endDetached(cw, r, cancel)
+func (h *EventHub) serveDetached(cw *connWriter, r *http.Request, topics []string, rawCursor string, end func()) {
+	defer h.endDetached(cw, r, end)
 	h.serveStream(cw, r, topics, rawCursor)
 }
 
 // endDetached closes a detached stream's connection and frees its
 // admission. A panic (a HeartbeatData function's, say) ends only this
 // stream, logged, as net/http does for a handler's.
-func (h *EventHub) endDetached(cw *connWriter, r *http.Request, cancel func()) {
+func (h *EventHub) endDetached(cw *connWriter, r *http.Request, end func()) {
 	if p := recover(); p != nil {
 		buf := make([]byte, 64<<10)
 		buf = buf[:runtime.Stack(buf, false)]
 		h.logger.Error("replayd: panic serving a detached stream", "remote", r.RemoteAddr, "panic", fmt.Sprint(p), "stack", string(buf))
 	}
+	if !cw.head {
+		// It ended before its first write (its client left, or its access
+		// was revoked, during the handshake): the head still goes, as
+		// net/http sends one for a handler that wrote nothing, so a client
+		// still there sees an empty response end, not a broken one.
+		_ = cw.conn.SetWriteDeadline(time.Now().Add(time.Second))
+		_ = cw.FlushError()
+	}
 	cw.close()
-	cancel()
+	end()
 	cw.release()
 	h.wg.Done()
 }

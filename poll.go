@@ -89,8 +89,8 @@ func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // longPoll builds the answer to one poll request, holding a long poll until an
-// event of its scope is committed above its cursor, wait runs out, the
-// client leaves or the hub closes. A status of 0 means the answer, if any,
+// event of its scope is committed above its cursor, wait runs out, its
+// access is revoked, the client leaves or the hub closes. A status of 0 means the answer, if any,
 // was written already.
 func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.Request, topics []string, p pollParams) (pollAnswer, int) {
 	ans := pollAnswer{Topics: topics, Events: []pollEvent{}}
@@ -105,10 +105,15 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 	var (
 		deadline   *time.Timer
 		releaseCap func()
+		revoked    <-chan struct{} // closed once the request's access is revoked (WithRevocation)
+		unrevoke   func()
 	)
 	defer func() {
 		if deadline != nil {
 			deadline.Stop()
+		}
+		if unrevoke != nil {
+			unrevoke()
 		}
 		if releaseCap != nil {
 			releaseCap()
@@ -170,11 +175,16 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 			h.metrics.connOpened(transportPoll)
 			deadline = time.NewTimer(p.wait)
+			revoked, unrevoke = revokedChan(ctx)
 		}
 		select {
 		case <-waiter.wake:
 			h.live.addWaiter(waiter) // before the next read, as above
 		case <-deadline.C:
+			return ans, http.StatusOK
+		case <-revoked:
+			// Answered as if the wait ran out: the client polls again,
+			// and Authorize decides again.
 			return ans, http.StatusOK
 		case <-h.done:
 			return ans, http.StatusOK

@@ -111,6 +111,128 @@ func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) ope
 	bob.NextIs(ev.Sequence, "bob got")
 }
 
+// Access is revoked through WithRevocation: middleware puts the session's
+// context on the request, and cancelling it ends every stream of the
+// session at once, and answers its waiting long polls, detached or not
+// (TestHubSuite/Detached). The client comes back, Authorize decides again,
+// and a new session resumes from its last id. Cancelling a session whose
+// streams ended is harmless.
+func testSSERevocationEndsStream(t *testing.T, newLog func(t *testing.T) opener) {
+	type session struct {
+		user   string
+		ctx    context.Context
+		cancel context.CancelFunc
+	}
+	type sessionKey struct{}
+	var (
+		mu        sync.Mutex
+		sessions  = map[string]*session{} // by token
+		authorize = map[string]int{}      // Authorize's calls, by token
+	)
+	login := func(token, user string) {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		mu.Lock()
+		sessions[token] = &session{user: user, ctx: ctx, cancel: cancel}
+		mu.Unlock()
+	}
+	logout := func(token string) {
+		mu.Lock()
+		s := sessions[token]
+		delete(sessions, token)
+		mu.Unlock()
+		s.cancel()
+	}
+	authorized := func(token string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return authorize[token]
+	}
+	open := newLog(t)
+	h := open(replayd.Options{
+		SSE: replayd.SSEOptions{HeartbeatInterval: -1},
+		Authorize: func(r *http.Request, topics []string) error {
+			mu.Lock()
+			authorize[r.URL.Query().Get("session")]++
+			mu.Unlock()
+			if _, ok := r.Context().Value(sessionKey{}).(*session); !ok {
+				return replayd.ErrUnauthenticated
+			}
+			return nil
+		},
+	})
+	withSession := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			s := sessions[r.URL.Query().Get("session")]
+			mu.Unlock()
+			if s != nil {
+				ctx := context.WithValue(r.Context(), sessionKey{}, s)
+				r = r.WithContext(replayd.WithRevocation(ctx, s.ctx))
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/events", withSession(h.Handler()))
+	mux.Handle("/poll", withSession(h.PollHandler()))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	login("alice-1", "alice")
+	login("bob-1", "bob")
+
+	alice := wiretest.Dial(t, srv.URL+"/events?topic=room&session=alice-1", nil)
+	bob := wiretest.Dial(t, srv.URL+"/events?topic=room&session=bob-1", nil)
+	alice.Hello()
+	bob.Hello()
+	ev := mustPublish(t, h, "room", 1)
+	for _, c := range []*wiretest.Client{alice, bob} {
+		c.NextIs(ev.Sequence, "got")
+	}
+	poll := wiretest.PollLater(t, srv.URL, fmt.Sprintf("topic=room&cursor=%d&wait=30&session=alice-1", ev.Sequence))
+	wiretest.WaitUntil(t, "the long poll to wait", func() bool { return h.Metrics().PollConnections == 1 })
+
+	logout("alice-1")
+	start := time.Now()
+	if f, err := alice.NextErr(waitFor); !errors.Is(err, io.EOF) {
+		t.Fatalf("after revocation alice got %+v, %v; want the stream to end", f, err)
+	}
+	t.Logf("stream ended %v after revocation", time.Since(start))
+	if p := poll(); len(p.Events) != 0 || p.Cursor != ev.Sequence || p.Gap != nil {
+		t.Fatalf("the revoked long poll was answered %+v; want no events at cursor %d", p, ev.Sequence)
+	}
+	t.Logf("long poll answered %v after revocation", time.Since(start))
+	wiretest.WaitUntil(t, "the revoked stream to leave the tracker", func() bool { return h.Clients().Total() == 1 })
+	wiretest.WaitUntil(t, "the long poll to stop waiting", func() bool { return h.Metrics().PollConnections == 0 })
+
+	// The client comes back: Authorize decides again, and refuses.
+	before := authorized("alice-1")
+	if _, status := wiretest.DialStatus(t, srv.URL+"/events?topic=room&session=alice-1", wiretest.LastID(ev.Sequence)); status != http.StatusUnauthorized {
+		t.Fatalf("reconnect after revocation: status %d, want 401", status)
+	}
+	if status, _, body := wiretest.GetPoll(t, srv.URL, "topic=room&cursor=1&wait=30&session=alice-1"); status != http.StatusUnauthorized {
+		t.Fatalf("poll after revocation: %d %s, want 401", status, body)
+	}
+	if n := authorized("alice-1") - before; n != 2 {
+		t.Fatalf("Authorize was asked %d times after revocation, want 2", n)
+	}
+
+	// Bob's stream went on; a new session of alice's resumes from her last id.
+	ev2 := mustPublish(t, h, "room", 2)
+	bob.NextIs(ev2.Sequence, "bob got")
+	login("alice-2", "alice")
+	alice = wiretest.Dial(t, srv.URL+"/events?topic=room&session=alice-2", wiretest.LastID(ev.Sequence))
+	alice.Hello()
+	alice.NextIs(ev2.Sequence, "alice replayed")
+
+	// Revoking a session whose stream already ended is harmless.
+	bob.Close()
+	wiretest.WaitUntil(t, "bob's stream to leave the tracker", func() bool { return h.Clients().Total() == 1 })
+	logout("bob-1")
+	ev3 := mustPublish(t, h, "room", 3)
+	alice.NextIs(ev3.Sequence, "alice got")
+}
+
 // A client granted topic "a" while events flow on a denied topic: nothing
 // of the denied topic shows in its replay, its live stream, its gap ranges
 // and counts, or its heartbeats.

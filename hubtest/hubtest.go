@@ -129,6 +129,7 @@ var subtests = []struct {
 	// admit.go
 	{"SSETopicQueryStrict", testSSETopicQueryStrict},
 	{"SSERevokedContextEndsStream", testSSERevokedContextEndsStream},
+	{"SSERevocationEndsStream", testSSERevocationEndsStream},
 	{"SSEDeniedTopicNeverVisible", testSSEDeniedTopicNeverVisible},
 	// subscribe.go
 	{"SubscribeGapWhenRowsPrunedBeforeLiveDelivery", testSubscribeGapWhenRowsPrunedBeforeLiveDelivery},

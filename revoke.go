@@ -1,0 +1,103 @@
+package replayd
+
+import (
+	"context"
+	"net/http"
+)
+
+// Revocation (README, "Who may see what"). A request's own context is no
+// handle on a stream's access: a detached stream outlives it
+// (DetachConnections), and middleware that cancels it must keep one
+// context per request. A revocation context is the caller's (a session's,
+// a membership's), carried as a value of the request's context; a stream
+// watches it with context.AfterFunc for as long as it runs, and unregisters
+// when it ends, so nothing of the stream stays behind in the caller's
+// context, however long that lives.
+
+// WithRevocation returns a copy of parent that carries revoked: an SSE
+// stream served on a request with that context ends as soon as revoked is
+// done, and a long poll waiting on such a request is answered at once, as
+// if its wait had run out. The client comes back (an EventSource
+// reconnects with its Last-Event-ID; a poll client polls again) and
+// Options.Authorize decides again. Unlike the request's own context it
+// reaches a stream served with SSEOptions.DetachConnections, and it can be
+// shared by every request of a session: middleware puts it on the request,
+//
+//	r = r.WithContext(replayd.WithRevocation(r.Context(), session.ctx))
+//
+// and logging out cancels session.ctx. Only revoked's Done is used, not
+// its values. Calling
+// WithRevocation again on the result adds revoked to those it carries: the
+// stream ends when any of them is done. A context already done ends the
+// stream right after it starts.
+func WithRevocation(parent, revoked context.Context) context.Context {
+	prev := revocations(parent)
+	all := make([]context.Context, len(prev), len(prev)+1)
+	copy(all, prev)
+	return context.WithValue(parent, revocationKey{}, append(all, revoked))
+}
+
+type revocationKey struct{}
+
+// revocations returns the revocation contexts ctx carries (WithRevocation).
+func revocations(ctx context.Context) []context.Context {
+	rs, _ := ctx.Value(revocationKey{}).([]context.Context)
+	return rs
+}
+
+// onRevoked arranges for cancel to be called once any revocation context
+// ctx carries is done. stop unregisters; it must be called when the
+// stream ends, and cancel is not called after it returned unless it was
+// running already. Without revocations it costs nothing.
+func onRevoked(ctx context.Context, cancel func()) (stop func()) {
+	rs := revocations(ctx)
+	switch len(rs) {
+	case 0:
+		return func() {}
+	case 1:
+		s := context.AfterFunc(rs[0], cancel)
+		return func() { s() }
+	}
+	stops := make([]func() bool, len(rs))
+	for i, rc := range rs {
+		stops[i] = context.AfterFunc(rc, cancel)
+	}
+	return func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+}
+
+// revocable returns r with a context that also ends when a revocation
+// context r carries is done, and the function that releases it once the
+// stream ended; r itself, and a no-op, without revocations.
+func revocable(r *http.Request) (*http.Request, func()) {
+	if len(revocations(r.Context())) == 0 {
+		return r, func() {}
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	stop := onRevoked(ctx, cancel)
+	return r.WithContext(ctx), func() {
+		stop()
+		cancel()
+	}
+}
+
+// revokedChan returns a channel closed once a revocation context ctx
+// carries is done (nil without revocations: it never is), and the function
+// that releases it.
+func revokedChan(ctx context.Context) (<-chan struct{}, func()) {
+	switch rs := revocations(ctx); len(rs) {
+	case 0:
+		return nil, func() {}
+	case 1:
+		return rs[0].Done(), func() {}
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	stop := onRevoked(ctx, cancel)
+	return rctx.Done(), func() {
+		stop()
+		cancel()
+	}
+}
