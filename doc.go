@@ -58,8 +58,12 @@
 // anything is read from the log, given the scope's topics (none for the
 // global scope). A nil error grants exactly that scope; an error refuses the
 // request, 401 when it wraps [ErrUnauthenticated], else 403, with a fixed
-// body. A stream ends as soon as its request's context is done, so
-// middleware that ties the context to the session revokes access at once.
+// body. Access is revoked with [WithRevocation]: middleware puts on the
+// request a context that ends with the user's access (a session's, a
+// membership's), and once it is done the stream ends, detached or not, and
+// a waiting long poll is answered with no events, as if its wait ran out;
+// the client comes back and Authorize decides again. A stream also ends
+// when its request's context is done.
 // SSEOptions.MaxConnections caps the open streams: past it a request gets
 // 200 with only a retry field, and an EventSource comes back by itself
 // between 1x and 2x SSEOptions.OverloadRetry later.
@@ -312,13 +316,23 @@
 //     their goroutines), then the server's Shutdown. Middleware that wraps the
 //     ResponseWriter sees the request but not the stream's bytes, and ending
 //     the request's context does not end a detached stream: net/http ends
-//     that context when the handler returns, so a middleware that revokes
-//     access, or times a stream out, by cancelling it (see "Who may see
-//     what" in the README) cannot reach a detached stream; leave
-//     DetachConnections off if you rely on that. The hub keeps the
+//     that context when the handler returns, so a middleware that times a
+//     stream out, or revokes access, by cancelling it cannot reach a
+//     detached stream. Revoke with WithRevocation instead, which reaches
+//     both (see "Who may see what" in the README). The hub keeps the
 //     request's context values, and the request without its headers, which
 //     were read at admission. A MaxConnections slot is held until the
-//     detached stream ends.
+//     detached stream ends. A detached stream that ends before its first
+//     write (its client left, or its access was revoked, during the
+//     handshake) still sends its head, as net/http does for a handler that
+//     wrote nothing.
+//   - A stream watches its request's revocation contexts (WithRevocation)
+//     with context.AfterFunc while it runs and unregisters when it ends, so
+//     a session's context shared by many short streams holds nothing of
+//     theirs; a context already done ends the stream right after it starts.
+//     A long poll watches them only while it waits: a poll that has events
+//     to answer answers them. The select that ends a stream on revocation
+//     may still send a frame already due, as when its client leaves.
 //   - Nothing reads a detached connection, so its client's leaving is not
 //     seen by net/http. On Linux one epoll instance per process (one
 //     goroutine, started with the first detached stream and stopped with the

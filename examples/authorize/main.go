@@ -1,8 +1,9 @@
 // Command authorize shows who may see what with replayd: a session (a
 // cookie, or an access token in the query, since EventSource cannot send
 // headers) checked in Options.Authorize, per-user topics (user-42), a room
-// membership check, and revocation through the request's context: logging
-// out or leaving a room ends the affected streams at once.
+// membership check, and revocation with replayd.WithRevocation: logging out
+// or leaving a room ends the affected streams at once, detached streams
+// (SSEOptions.DetachConnections) included.
 //
 // Run it with
 //
@@ -34,26 +35,38 @@ import (
 	"github.com/replayd/replayd"
 )
 
-// session is one logged-in user. Its streams are the cancel functions of
-// the request contexts it has open.
+// access is a context that ends when some access is revoked: a session's
+// on logout, a room membership's when the user leaves.
+type access struct {
+	ctx    context.Context
+	revoke context.CancelFunc
+}
+
+func newAccess() access {
+	ctx, cancel := context.WithCancel(context.Background())
+	return access{ctx, cancel}
+}
+
+// session is one logged-in user.
 type session struct {
-	user    string
-	streams map[*http.Request]context.CancelFunc
+	user string
+	access
 }
 
 type app struct {
 	mu       sync.Mutex
-	sessions map[string]*session        // by token
-	rooms    map[string]map[string]bool // room -> member user ids
+	sessions map[string]*session          // by token
+	rooms    map[string]map[string]access // room -> member user id -> membership
 }
 
 type sessionKey struct{}
 
 // withSession finds the request's session from the "session" cookie or the
-// "access_token" query parameter and ties the request's context to it: when
-// the session ends or changes, cancel ends the stream (replayd watches
-// r.Context()). A request without a session passes through; Authorize
-// refuses it.
+// "access_token" query parameter and puts it on the request, with the
+// contexts whose end revokes the request's access: the session's, and the
+// membership of each room the request names. replayd ends the stream when
+// one of them is done. A request without a session passes through;
+// Authorize refuses it.
 func (a *app) withSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token := r.URL.Query().Get("access_token")
@@ -67,17 +80,15 @@ func (a *app) withSession(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		ctx, cancel := context.WithCancel(context.WithValue(r.Context(), sessionKey{}, s))
-		defer cancel()
-		r = r.WithContext(ctx)
-		s.streams[r] = cancel
+		ctx := context.WithValue(r.Context(), sessionKey{}, s)
+		ctx = replayd.WithRevocation(ctx, s.ctx)
+		for _, t := range r.URL.Query()["topic"] {
+			if m, ok := a.rooms[strings.TrimSpace(t)][s.user]; ok {
+				ctx = replayd.WithRevocation(ctx, m.ctx)
+			}
+		}
 		a.mu.Unlock()
-		defer func() {
-			a.mu.Lock()
-			delete(s.streams, r)
-			a.mu.Unlock()
-		}()
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
@@ -95,38 +106,11 @@ func (a *app) authorize(r *http.Request, topics []string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, t := range topics {
-		if t != "user-"+s.user && !a.rooms[t][s.user] {
+		if _, member := a.rooms[t][s.user]; t != "user-"+s.user && !member {
 			return fmt.Errorf("user %s may not see %q", s.user, t) // 403
 		}
 	}
 	return nil
-}
-
-// cut ends the open streams of user's sessions whose URL names topic ("":
-// every stream). The EventSource reconnects with Last-Event-ID and
-// Authorize decides again.
-func (a *app) cut(user, topic string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, s := range a.sessions {
-		if s.user != user {
-			continue
-		}
-		for r, cancel := range s.streams {
-			if topic == "" || namesTopic(r, topic) {
-				cancel()
-			}
-		}
-	}
-}
-
-func namesTopic(r *http.Request, topic string) bool {
-	for _, t := range r.URL.Query()["topic"] {
-		if strings.TrimSpace(t) == topic {
-			return true
-		}
-	}
-	return false
 }
 
 func main() {
@@ -143,12 +127,19 @@ func main() {
 
 	a := &app{
 		sessions: map[string]*session{
-			"alice-token": {user: "42", streams: map[*http.Request]context.CancelFunc{}},
-			"bob-token":   {user: "7", streams: map[*http.Request]context.CancelFunc{}},
+			"alice-token": {user: "42", access: newAccess()},
+			"bob-token":   {user: "7", access: newAccess()},
 		},
-		rooms: map[string]map[string]bool{"room-1": {"42": true, "7": true}, "room-2": {"7": true}},
+		rooms: map[string]map[string]access{
+			"room-1": {"42": newAccess(), "7": newAccess()},
+			"room-2": {"7": newAccess()},
+		},
 	}
-	hub, err := replayd.New(db, replayd.Options{Authorize: a.authorize})
+	hub, err := replayd.New(db, replayd.Options{
+		Authorize: a.authorize,
+		// Detached streams are revoked like any other (WithRevocation).
+		SSE: replayd.SSEOptions{DetachConnections: true},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -169,7 +160,7 @@ func main() {
 			}
 		}
 		a.mu.Unlock()
-		a.cut(s.user, "") // its other requests' contexts end now
+		s.revoke() // ends every stream of the session; they reconnect, and get 401
 	})))
 	mux.Handle("POST /rooms/{room}/leave", a.withSession(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s, _ := r.Context().Value(sessionKey{}).(*session)
@@ -179,9 +170,12 @@ func main() {
 		}
 		room := r.PathValue("room")
 		a.mu.Lock()
+		m, ok := a.rooms[room][s.user]
 		delete(a.rooms[room], s.user)
 		a.mu.Unlock()
-		a.cut(s.user, room)
+		if ok {
+			m.revoke() // ends the streams naming the room; they reconnect, and get 403
+		}
 	})))
 
 	go func() {
