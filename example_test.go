@@ -348,3 +348,66 @@ func ExampleOptions_authorize() {
 	// ?topic=room-1&topic=room-2   403 forbidden
 	//                              403 forbidden
 }
+
+// WithRevocation revokes access through a context of the application's: a
+// session's here, cancelled on logout. Middleware puts it on each request;
+// the stream ends as soon as it is done, detached or not, and the client's
+// reconnect goes to Authorize again.
+func ExampleWithRevocation() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	type sessionKey struct{}
+	session, logout := context.WithCancel(context.Background()) // the session of cookie s3cr3t; done: logged out
+	defer logout()
+	hub, err := replayd.New(db, replayd.Options{
+		Authorize: func(r *http.Request, topics []string) error {
+			if r.Context().Value(sessionKey{}) == nil {
+				return replayd.ErrUnauthenticated
+			}
+			return nil
+		},
+		SSE: replayd.SSEOptions{DetachConnections: true},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	withSession := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if c, err := r.Cookie("session"); err == nil && c.Value == "s3cr3t" && session.Err() == nil {
+				ctx := context.WithValue(r.Context(), sessionKey{}, c.Value)
+				r = r.WithContext(replayd.WithRevocation(ctx, session))
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	srv := httptest.NewServer(withSession(hub.Handler()))
+	defer srv.Close()
+	defer hub.Close() // runs first: ends open streams so srv.Close does not wait
+
+	open := func() (*http.Response, *bufio.Reader) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"?topic=user-42", nil)
+		req.AddCookie(&http.Cookie{Name: "session", Value: "s3cr3t"})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		return resp, bufio.NewReader(resp.Body)
+	}
+	resp, body := open()
+	line, _ := body.ReadString('\n')
+	fmt.Println(resp.StatusCode, strings.TrimSpace(line))
+
+	logout()
+	for err == nil {
+		_, err = body.ReadString('\n')
+	}
+	resp.Body.Close()
+	fmt.Println("stream ended:", err)
+	resp, _ = open()
+	resp.Body.Close()
+	fmt.Println("reconnect:", resp.StatusCode)
+	// Output:
+	// 200 id: 0
+	// stream ended: EOF
+	// reconnect: 401
+}
