@@ -58,7 +58,9 @@ func TestSSEDetached(t *testing.T) {
 		{"CloseManyClientsMidReplay", TestCloseManyClientsMidReplay},
 		{"Load", TestLoad}, // skipped with -short, as on today's path
 		// Not TestSSERevokedContextEndsStream: a detached stream's context
-		// is not the request's (doc.go), by design.
+		// is not the request's (doc.go), by design. WithRevocation reaches
+		// it: TestSSERevokeWatchUnregisters, TestSSERevokedBeforeStart and
+		// hubtest's SSERevokedSessionEndsStream run detached.
 	} {
 		t.Run(tc.name, func(t *testing.T) { withDetach(t, tc.fn) })
 	}

@@ -55,7 +55,7 @@ func (c *watchedCtx) AfterFunc(f func()) (stop func() bool) {
 // it ends, whether its client left or a revocation ended it, attached or
 // detached; so does a waiting long poll while it waits. Cancelling a
 // revocation nothing watches any more is harmless.
-func TestSSERevocationUnregistered(t *testing.T) {
+func TestSSERevokeWatchUnregisters(t *testing.T) {
 	t.Run("attached", testRevocationUnregistered)
 	t.Run("detached", func(t *testing.T) { withDetach(t, testRevocationUnregistered) })
 }

@@ -92,7 +92,7 @@ var servedDetached = map[string]bool{
 	"ScopeOverlapDeliveredOnce":                 true,
 	"SSETopicQueryStrict":                       true,
 	"SSEDeniedTopicNeverVisible":                true,
-	"SSERevocationEndsStream":                   true,
+	"SSERevokedSessionEndsStream":               true,
 	"SSEOverHTTP2":                              false,
 }
 

@@ -117,7 +117,7 @@ func testSSERevokedContextEndsStream(t *testing.T, newLog func(t *testing.T) ope
 // (TestHubSuite/Detached). The client comes back, Authorize decides again,
 // and a new session resumes from its last id. Cancelling a session whose
 // streams ended is harmless.
-func testSSERevocationEndsStream(t *testing.T, newLog func(t *testing.T) opener) {
+func testSSERevokedSessionEndsStream(t *testing.T, newLog func(t *testing.T) opener) {
 	type session struct {
 		user   string
 		ctx    context.Context

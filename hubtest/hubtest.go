@@ -129,7 +129,7 @@ var subtests = []struct {
 	// admit.go
 	{"SSETopicQueryStrict", testSSETopicQueryStrict},
 	{"SSERevokedContextEndsStream", testSSERevokedContextEndsStream},
-	{"SSERevocationEndsStream", testSSERevocationEndsStream},
+	{"SSERevokedSessionEndsStream", testSSERevokedSessionEndsStream},
 	{"SSEDeniedTopicNeverVisible", testSSEDeniedTopicNeverVisible},
 	// subscribe.go
 	{"SubscribeGapWhenRowsPrunedBeforeLiveDelivery", testSubscribeGapWhenRowsPrunedBeforeLiveDelivery},
