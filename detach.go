@@ -114,12 +114,12 @@ func (h *EventHub) endDetached(cw *connWriter, r *http.Request, end func()) {
 		buf := make([]byte, 64<<10)
 		buf = buf[:runtime.Stack(buf, false)]
 		h.logger.Error("replayd: panic serving a detached stream", "remote", r.RemoteAddr, "panic", fmt.Sprint(p), "stack", string(buf))
-	}
-	if !cw.head {
+	} else if !cw.head {
 		// It ended before its first write (its client left, or its access
 		// was revoked, during the handshake): the head still goes, as
-		// net/http sends one for a handler that wrote nothing, so a client
-		// still there sees an empty response end, not a broken one.
+		// net/http sends one for a handler that returns without writing
+		// (not for one that panics), so a client still there sees an
+		// empty response end, not a broken one.
 		_ = cw.conn.SetWriteDeadline(time.Now().Add(time.Second))
 		_ = cw.FlushError()
 	}

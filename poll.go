@@ -90,8 +90,8 @@ func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // longPoll builds the answer to one poll request, holding a long poll until an
 // event of its scope is committed above its cursor, wait runs out, its
-// access is revoked, the client leaves or the hub closes. A status of 0 means the answer, if any,
-// was written already.
+// access is revoked (WithRevocation), the client leaves or the hub closes.
+// A status of 0 means the answer, if any, was written already.
 func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.Request, topics []string, p pollParams) (pollAnswer, int) {
 	ans := pollAnswer{Topics: topics, Events: []pollEvent{}}
 	var waiter *pollWaiter
