@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/replayd/replayd"
@@ -49,36 +50,69 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 // trip), the oldest events of the scope above req.After, at most req.Limit
 // (<= 0: 100) and up to req.Through (0: no bound), stopping once they hold
 // req.MaxBytes of payload (at least one), with More, the head and the
-// scope's watermark (see replayd.Store.Read).
-func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (replayd.Page, error) {
-	// One event more than the limit tells More.
-	limit := defaultLimit(req.Limit)
-	pp, err := s.Poll(ctx, req.Scope, req.After, limit+1)
+// scope's watermark (see replayd.Store.Read). The page is cut on the
+// server (see qPageGlobal): no payload the page leaves out is read or sent.
+func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Page, err error) {
+	if s.isClosed() {
+		return p, ErrClosed
+	}
+	topics, err := scopeTopics(req.Scope)
 	if err != nil {
-		return replayd.Page{}, err
+		return p, err
 	}
-	evs := pp.Events
-	if req.Through > 0 {
-		for i, e := range evs {
-			if e.Sequence > req.Through {
-				evs = evs[:i]
-				break
-			}
+	// One row more than the limit tells More: the limit must stay below
+	// the largest bigint.
+	limit := int64(min(defaultLimit(req.Limit), math.MaxInt64-1))
+	through, maxBytes := req.Through, int64(req.MaxBytes)
+	if through <= 0 {
+		through = math.MaxInt64
+	}
+	if maxBytes <= 0 {
+		maxBytes = math.MaxInt64
+	}
+	page, args := s.q.pageGlobal, []any{}
+	if len(topics) > 0 {
+		page, args = s.q.pageTopics, []any{topics}
+	}
+	b := &pgx.Batch{}
+	b.Queue(qBeginSnapshot)
+	b.Queue(s.q.head)
+	b.Queue(s.q.watermark, topics)
+	b.Queue(page, append(args, req.After, through, limit, maxBytes)...)
+	b.Queue("COMMIT")
+	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(&p.Head); err != nil {
+			return err
 		}
+		if err := br.QueryRow().Scan(&p.Watermark); err != nil {
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				ev      replayd.Event
+				topic   *string
+				payload string
+			)
+			if err := rows.Scan(&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt, &p.More); err != nil {
+				return err
+			}
+			if topic != nil {
+				ev.Topic = *topic
+			}
+			ev.Payload = []byte(payload)
+			p.Events = append(p.Events, ev)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return replayd.Page{}, fmt.Errorf("replaydpg: read: %w", err)
 	}
-	n, size := 0, 0
-	for n < len(evs) && n < limit && (req.MaxBytes <= 0 || size < req.MaxBytes) {
-		size += len(evs[n].Payload)
-		n++
-	}
-	more := n < len(evs)
-	if more {
-		// A copy: the page must not hold the payloads it leaves out (a
-		// stalled client would keep a whole window of them alive, not a
-		// page: hubtest's ReplayMemoryBoundedAndCloseFast).
-		evs = append([]replayd.Event(nil), evs[:n]...)
-	}
-	return replayd.Page{Events: evs[:n], More: more, Head: pp.Head, Watermark: pp.Watermark}, nil
+	return p, nil
 }
 
 // Window reads a resuming client's window (see replayd.Store.Window) in

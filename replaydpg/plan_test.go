@@ -3,6 +3,7 @@ package replaydpg
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +79,12 @@ func TestQueryPlans(t *testing.T) {
 					{"oldest global", s.q.oldestGlobal, []any{cursor, limit + 1}, 1},
 					{"count global", s.q.countGlobal, []any{cursor}, 1},
 					{"read after", s.q.readAfter, []any{cursor, limit + 1}, 1},
+					// Read's pages, with and without bounds on bytes and
+					// sequences: a page reads at most limit+1 rows per group.
+					{"page topics", s.q.pageTopics, []any{topics, cursor, int64(math.MaxInt64), limit, int64(math.MaxInt64)}, len(topics) + 1},
+					{"page topics, bounded", s.q.pageTopics, []any{topics, cursor, head - 5, limit, 20}, len(topics) + 1},
+					{"page global", s.q.pageGlobal, []any{cursor, int64(math.MaxInt64), limit, int64(math.MaxInt64)}, 1},
+					{"page global, bounded", s.q.pageGlobal, []any{cursor, head - 5, limit, 20}, 1},
 				} {
 					var out []byte
 					// The generic plan only applies to prepared statements.

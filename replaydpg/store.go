@@ -154,6 +154,7 @@ type queries struct {
 	lock, appendNew, append, head, readAfter, watermark    string
 	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
 	newestSeqGlobal, newestSeqTopics                       string
+	pageGlobal, pageTopics                                 string
 	countGlobal, countTopics, pruneEdges, pruneBatch       string
 }
 
@@ -241,6 +242,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
 			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
 			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
+			pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
 			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
 			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
 		},
