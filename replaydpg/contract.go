@@ -50,8 +50,11 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 // trip), the oldest events of the scope above req.After, at most req.Limit
 // (<= 0: 100) and up to req.Through (0: no bound), stopping once they hold
 // req.MaxBytes of payload (at least one), with More, the head and the
-// scope's watermark (see replayd.Store.Read). The page is cut on the
-// server (see qPageGlobal): no payload the page leaves out is read or sent.
+// scope's watermark (see replayd.Store.Read). With a MaxBytes the page is
+// cut on the server (qPageGlobal): no payload it leaves out is read or
+// sent. Without one, it reads limit+1 events (the last tells More) with
+// the plain oldest read, which costs less than the page statement's
+// window.
 func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Page, err error) {
 	if s.isClosed() {
 		return p, ErrClosed
@@ -60,25 +63,34 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Pa
 	if err != nil {
 		return p, err
 	}
-	// One row more than the limit tells More: the limit must stay below
-	// the largest bigint.
+	// One row more than the limit tells More: the limit stays below the
+	// largest bigint.
 	limit := int64(min(defaultLimit(req.Limit), math.MaxInt64-1))
-	through, maxBytes := req.Through, int64(req.MaxBytes)
+	through := req.Through
 	if through <= 0 {
 		through = math.MaxInt64
 	}
-	if maxBytes <= 0 {
-		maxBytes = math.MaxInt64
-	}
-	page, args := s.q.pageGlobal, []any{}
+	paged := req.MaxBytes > 0
+	var query string
+	args := []any{}
 	if len(topics) > 0 {
-		page, args = s.q.pageTopics, []any{topics}
+		args = append(args, topics)
+	}
+	switch {
+	case paged && len(topics) > 0:
+		query, args = s.q.pageTopics, append(args, req.After, through, limit, req.MaxBytes)
+	case paged:
+		query, args = s.q.pageGlobal, append(args, req.After, through, limit, req.MaxBytes)
+	case len(topics) > 0:
+		query, args = s.q.oldestTopics, append(args, req.After, limit+1)
+	default:
+		query, args = s.q.oldestGlobal, append(args, req.After, limit+1)
 	}
 	b := &pgx.Batch{}
 	b.Queue(qBeginSnapshot)
 	b.Queue(s.q.head)
 	b.Queue(s.q.watermark, topics)
-	b.Queue(page, append(args, req.After, through, limit, maxBytes)...)
+	b.Queue(query, args...)
 	b.Queue("COMMIT")
 	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
 		if err := br.QueryRow().Scan(&p.Head); err != nil {
@@ -96,15 +108,30 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Pa
 			var (
 				ev      replayd.Event
 				topic   *string
-				payload string
+				payload *string
+				keep    = true
 			)
-			if err := rows.Scan(&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt, &p.More); err != nil {
+			dest := []any{&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt}
+			if paged {
+				dest = append(dest, &keep)
+			}
+			if err := rows.Scan(dest...); err != nil {
 				return err
+			}
+			if !paged && ev.Sequence > through {
+				break
+			}
+			if !keep || int64(len(p.Events)) == limit {
+				p.More = true
+				break
+			}
+			if payload == nil {
+				return fmt.Errorf("event %d came without its payload", ev.Sequence)
 			}
 			if topic != nil {
 				ev.Topic = *topic
 			}
-			ev.Payload = []byte(payload)
+			ev.Payload = []byte(*payload)
 			p.Events = append(p.Events, ev)
 		}
 		return rows.Err()
