@@ -113,13 +113,35 @@ func TestQueryPlans(t *testing.T) {
 					{"page global, wide", s.q.pageGlobal, []any{cursor, head, wide, int64(math.MaxInt64)}, 20},
 				} {
 					var out []byte
-					// The generic plan only applies to prepared statements.
-					name := fmt.Sprintf("plan_%v_%s_%d_%d_%s", stats, mode, cursor, len(topics), q.name)
-					if _, err := conn.Conn().Prepare(ctx, name, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.sql); err != nil {
+					// plan_cache_mode applies to a statement PREPAREd on
+					// the server and EXPLAINed as EXECUTE: a prepared
+					// EXPLAIN plans its query with the parameters' values,
+					// a custom plan whatever the mode.
+					name := fmt.Sprintf("plan_%v_%s_%d_%d", stats, mode, cursor, len(topics))
+					name = strings.NewReplacer(" ", "_", ",", "").Replace(name + "_" + q.name)
+					if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+q.sql); err != nil {
 						t.Fatal(err)
 					}
-					if err := conn.QueryRow(ctx, name, q.args...).Scan(&out); err != nil {
+					// EXECUTE takes literals here: the server infers no
+					// parameter types for a utility statement.
+					params := make([]string, len(q.args))
+					for i, a := range q.args {
+						switch a := a.(type) {
+						case []string:
+							params[i] = "ARRAY['" + strings.Join(a, "', '") + "']"
+						default:
+							params[i] = fmt.Sprint(a)
+						}
+					}
+					if err := conn.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE "+name+"("+strings.Join(params, ", ")+")").Scan(&out); err != nil {
 						t.Fatalf("%s: %v", q.name, err)
+					}
+					var generic, custom int64
+					if err := conn.QueryRow(ctx, "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1", name).Scan(&generic, &custom); err != nil {
+						t.Fatal(err)
+					}
+					if (generic > 0) != (mode == "force_generic_plan") || generic+custom != 1 {
+						t.Fatalf("%s, %s: %d generic and %d custom plans", q.name, mode, generic, custom)
 					}
 					var plans []struct{ Plan planNode }
 					if err := json.Unmarshal(out, &plans); err != nil {
