@@ -65,7 +65,7 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Pa
 	}
 	// One row more than the limit tells More: the limit stays below the
 	// largest bigint.
-	limit := int64(min(defaultLimit(req.Limit), math.MaxInt64-1))
+	limit := int64(min(defaultLimit(req.Limit), math.MaxInt-1))
 	through := req.Through
 	if through <= 0 {
 		through = math.MaxInt64

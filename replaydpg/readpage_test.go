@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
@@ -336,7 +337,7 @@ func TestReadPagesModel(t *testing.T) {
 	}
 	// MaxBytes past what any sum of payloads reaches, and Through past
 	// the head, are no bound.
-	p, err := s.Read(ctx, replayd.ReadRequest{Limit: 1000, MaxBytes: 1<<63 - 1, Through: 1<<63 - 1})
+	p, err := s.Read(ctx, replayd.ReadRequest{Limit: 1000, MaxBytes: math.MaxInt, Through: 1<<63 - 1})
 	if err != nil || len(p.Events) != len(all) || p.More {
 		t.Fatalf("Read of everything: %d events, More %v, %v", len(p.Events), p.More, err)
 	}
