@@ -30,6 +30,7 @@ import (
 //	go test -run '^$' -bench PairedSerial -benchtime 2000x -count 3
 //	go test -run '^$' -bench CrossNodeLatency -benchtime 1000x -count 3
 //	go test -run '^$' -bench Handshake1M -benchtime 1s -v
+//	go test -run '^$' -bench ReadPages -benchtime 20x -count 3
 
 const benchPublishers = 64
 
@@ -662,6 +663,56 @@ func BenchmarkHandshake1M(b *testing.B) {
 				b.ReportMetric(float64(b.N)/took[0].Seconds(), "cursor0/s")
 				b.ReportMetric(float64(b.N)/took[1].Seconds(), "nearHead/s")
 				b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "cursor0/nearHead")
+			})
+		}
+	}
+}
+
+// BenchmarkReadPages pages through a log as the hub replays (Read, 64
+// events or 64 KiB a page), through a proxy that counts what the server
+// sends: 200 events of 256 KiB (one a page) and 4,000 of about 100 bytes
+// (64 a page), in the global scope and a topic's (a third of the events,
+// and the broadcasts, another third). One op is one pass over the scope.
+func BenchmarkReadPages(b *testing.B) {
+	dsn, received := countingProxy(b, testDSN(b))
+	for _, f := range []struct {
+		name    string
+		n, size int
+	}{{"256KiB", 200, 256 << 10}, {"100B", 4000, 100}} {
+		s := openPrefixDSN(b, testPrefix(b), dsn)
+		for i := 0; i < f.n; {
+			var batch []replayd.Event
+			for ; i < f.n && len(batch) < max(10, 1000*100/f.size); i++ {
+				batch = append(batch, ev(fmt.Sprintf("page-%d", i), []string{"a", "b", ""}[i%3], hexPayload(b, f.size)))
+			}
+			mustAppend(b, s, batch...)
+		}
+		for _, scope := range [][]string{nil, {"a"}} {
+			name := f.name + "/global"
+			if scope != nil {
+				name = f.name + "/topic"
+			}
+			b.Run(name, func(b *testing.B) {
+				var wire, payload int64
+				for b.Loop() {
+					before := received.Load()
+					for after := int64(0); ; {
+						p, err := s.Read(context.Background(), replayd.ReadRequest{Scope: scope, After: after, Limit: 64, MaxBytes: 64 << 10})
+						if err != nil {
+							b.Fatal(err)
+						}
+						for _, e := range p.Events {
+							payload += int64(len(e.Payload))
+						}
+						if !p.More {
+							break
+						}
+						after = p.Events[len(p.Events)-1].Sequence
+					}
+					wire += received.Load() - before
+				}
+				b.ReportMetric(float64(wire)/float64(b.N)/(1<<20), "MiB-received/op")
+				b.ReportMetric(float64(wire)/float64(payload), "received/payload")
 			})
 		}
 	}

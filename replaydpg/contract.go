@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/replayd/replayd"
@@ -49,36 +50,96 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 // trip), the oldest events of the scope above req.After, at most req.Limit
 // (<= 0: 100) and up to req.Through (0: no bound), stopping once they hold
 // req.MaxBytes of payload (at least one), with More, the head and the
-// scope's watermark (see replayd.Store.Read).
-func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (replayd.Page, error) {
-	// One event more than the limit tells More.
-	limit := defaultLimit(req.Limit)
-	pp, err := s.Poll(ctx, req.Scope, req.After, limit+1)
-	if err != nil {
-		return replayd.Page{}, err
+// scope's watermark (see replayd.Store.Read). With a MaxBytes the page is
+// cut on the server (qPageGlobal): no payload it leaves out is read or
+// sent. Without one, it reads limit+1 events (the last tells More) with
+// the plain oldest read, which costs less than the page statement's
+// window.
+func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Page, err error) {
+	if s.isClosed() {
+		return p, ErrClosed
 	}
-	evs := pp.Events
-	if req.Through > 0 {
-		for i, e := range evs {
-			if e.Sequence > req.Through {
-				evs = evs[:i]
+	topics, err := scopeTopics(req.Scope)
+	if err != nil {
+		return p, err
+	}
+	// One row more than the limit tells More: the limit stays below the
+	// largest bigint.
+	limit := int64(min(defaultLimit(req.Limit), math.MaxInt-1))
+	through := req.Through
+	if through <= 0 {
+		through = math.MaxInt64
+	}
+	paged := req.MaxBytes > 0
+	var query string
+	args := []any{}
+	if len(topics) > 0 {
+		args = append(args, topics)
+	}
+	switch {
+	case paged && len(topics) > 0:
+		query, args = s.q.pageTopics, append(args, req.After, through, limit, req.MaxBytes)
+	case paged:
+		query, args = s.q.pageGlobal, append(args, req.After, through, limit, req.MaxBytes)
+	case len(topics) > 0:
+		query, args = s.q.oldestTopics, append(args, req.After, limit+1)
+	default:
+		query, args = s.q.oldestGlobal, append(args, req.After, limit+1)
+	}
+	b := &pgx.Batch{}
+	b.Queue(qBeginSnapshot)
+	b.Queue(s.q.head)
+	b.Queue(s.q.watermark, topics)
+	b.Queue(query, args...)
+	b.Queue("COMMIT")
+	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(&p.Head); err != nil {
+			return err
+		}
+		if err := br.QueryRow().Scan(&p.Watermark); err != nil {
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				ev      replayd.Event
+				topic   *string
+				payload *string
+				keep    = true
+			)
+			dest := []any{&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt}
+			if paged {
+				dest = append(dest, &keep)
+			}
+			if err := rows.Scan(dest...); err != nil {
+				return err
+			}
+			if !paged && ev.Sequence > through {
 				break
 			}
+			if !keep || int64(len(p.Events)) == limit {
+				p.More = true
+				break
+			}
+			if payload == nil {
+				return fmt.Errorf("event %d came without its payload", ev.Sequence)
+			}
+			if topic != nil {
+				ev.Topic = *topic
+			}
+			ev.Payload = []byte(*payload)
+			p.Events = append(p.Events, ev)
 		}
+		return rows.Err()
+	})
+	if err != nil {
+		return replayd.Page{}, fmt.Errorf("replaydpg: read: %w", err)
 	}
-	n, size := 0, 0
-	for n < len(evs) && n < limit && (req.MaxBytes <= 0 || size < req.MaxBytes) {
-		size += len(evs[n].Payload)
-		n++
-	}
-	more := n < len(evs)
-	if more {
-		// A copy: the page must not hold the payloads it leaves out (a
-		// stalled client would keep a whole window of them alive, not a
-		// page: hubtest's ReplayMemoryBoundedAndCloseFast).
-		evs = append([]replayd.Event(nil), evs[:n]...)
-	}
-	return replayd.Page{Events: evs[:n], More: more, Head: pp.Head, Watermark: pp.Watermark}, nil
+	return p, nil
 }
 
 // Window reads a resuming client's window (see replayd.Store.Window) in

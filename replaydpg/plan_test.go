@@ -3,6 +3,7 @@ package replaydpg
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -20,11 +21,13 @@ type planNode struct {
 }
 
 // TestQueryPlans runs every scope read under EXPLAIN ANALYZE on 20,000 rows,
-// from cursor 0 and from near the head, with custom and generic plans, and
-// checks that no node scans a table sequentially or bitmap-scans it, and
-// that no scan returns more than (groups)*(limit+1) rows: the reads are
-// index probes bounded by the limit, never a sort of everything above the
-// cursor (which an OR, or a UNION ALL with only an outer LIMIT, would be).
+// without and with statistics, from cursor 0 and from near the head, with
+// custom and generic plans, and checks that no node scans a table
+// sequentially or bitmap-scans it, and that no scan returns more than
+// (groups)*(limit+1) rows: the reads are index probes bounded by the limit,
+// never a sort of everything above the cursor (which an OR, a UNION ALL
+// with only an outer LIMIT, or a range bounded by two parameters without
+// statistics would be).
 func TestQueryPlans(t *testing.T) {
 	t.Parallel()
 	s, _ := openTestStore(t)
@@ -43,21 +46,44 @@ func TestQueryPlans(t *testing.T) {
 			mix = append(mix, []string{"a", "b", "c"}[i%3])
 		}
 	}
-	appendN(t, s, 20000, mix, "p")
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "ANALYZE "+s.prefix+"events"); err != nil {
+	// No statistics until the test gathers them: autovacuum would at a
+	// moment of its own.
+	if _, err := conn.Exec(ctx, "ALTER TABLE "+s.prefix+"events SET (autovacuum_enabled = false)"); err != nil {
 		t.Fatal(err)
 	}
+	appendN(t, s, 20000, mix, "p")
 	head, err := s.Head(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const limit = 10
-	for _, topics := range [][]string{{"rare"}, {"a", "c"}} {
+	// A wider global page, the limit+1 rows of which pass the 0.5% of the
+	// table that a range bounded by two parameters is estimated at without
+	// statistics; its bound is 20 times the limit's. (Not for topics: the
+	// broadcasts' branch of every topic read, "topic IS NULL AND sequence
+	// > $2", is estimated at a few rows without statistics, and a limit
+	// above that gets a bitmap scan of the broadcasts above the cursor.)
+	const wide = 20*(limit+1) - 1
+	// Each scope without statistics, then with them: a plan that depends
+	// on them may differ between the two (a range bounded by two
+	// parameters is estimated at 0.5% of the table without them).
+	analyzed := false
+	for _, pass := range []struct {
+		stats  bool
+		topics []string
+	}{{false, []string{"rare"}}, {false, []string{"a", "c"}}, {true, []string{"rare"}}, {true, []string{"a", "c"}}} {
+		topics, stats := pass.topics, pass.stats
+		if stats && !analyzed {
+			if _, err := conn.Exec(ctx, "ANALYZE "+s.prefix+"events"); err != nil {
+				t.Fatal(err)
+			}
+			analyzed = true
+		}
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
 				t.Fatal(err)
@@ -78,15 +104,44 @@ func TestQueryPlans(t *testing.T) {
 					{"oldest global", s.q.oldestGlobal, []any{cursor, limit + 1}, 1},
 					{"count global", s.q.countGlobal, []any{cursor}, 1},
 					{"read after", s.q.readAfter, []any{cursor, limit + 1}, 1},
+					// Read's pages, with and without bounds on bytes and
+					// sequences: a page reads at most limit+1 rows per group.
+					{"page topics", s.q.pageTopics, []any{topics, cursor, int64(math.MaxInt64), limit, int64(math.MaxInt64)}, len(topics) + 1},
+					{"page topics, bounded", s.q.pageTopics, []any{topics, cursor, head - 5, limit, 20}, len(topics) + 1},
+					{"page global", s.q.pageGlobal, []any{cursor, int64(math.MaxInt64), limit, int64(math.MaxInt64)}, 1},
+					{"page global, bounded", s.q.pageGlobal, []any{cursor, head - 5, limit, 20}, 1},
+					{"page global, wide", s.q.pageGlobal, []any{cursor, head, wide, int64(math.MaxInt64)}, 20},
 				} {
 					var out []byte
-					// The generic plan only applies to prepared statements.
-					name := fmt.Sprintf("plan_%s_%d_%d_%s", mode, cursor, len(topics), q.name)
-					if _, err := conn.Conn().Prepare(ctx, name, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.sql); err != nil {
+					// plan_cache_mode applies to a statement PREPAREd on
+					// the server and EXPLAINed as EXECUTE: a prepared
+					// EXPLAIN plans its query with the parameters' values,
+					// a custom plan whatever the mode.
+					name := fmt.Sprintf("plan_%v_%s_%d_%d", stats, mode, cursor, len(topics))
+					name = strings.NewReplacer(" ", "_", ",", "").Replace(name + "_" + q.name)
+					if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+q.sql); err != nil {
 						t.Fatal(err)
 					}
-					if err := conn.QueryRow(ctx, name, q.args...).Scan(&out); err != nil {
+					// EXECUTE takes literals here: the server infers no
+					// parameter types for a utility statement.
+					params := make([]string, len(q.args))
+					for i, a := range q.args {
+						switch a := a.(type) {
+						case []string:
+							params[i] = "ARRAY['" + strings.Join(a, "', '") + "']"
+						default:
+							params[i] = fmt.Sprint(a)
+						}
+					}
+					if err := conn.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE "+name+"("+strings.Join(params, ", ")+")").Scan(&out); err != nil {
 						t.Fatalf("%s: %v", q.name, err)
+					}
+					var generic, custom int64
+					if err := conn.QueryRow(ctx, "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1", name).Scan(&generic, &custom); err != nil {
+						t.Fatal(err)
+					}
+					if (generic > 0) != (mode == "force_generic_plan") || generic+custom != 1 {
+						t.Fatalf("%s, %s: %d generic and %d custom plans", q.name, mode, generic, custom)
 					}
 					var plans []struct{ Plan planNode }
 					if err := json.Unmarshal(out, &plans); err != nil {
@@ -97,10 +152,10 @@ func TestQueryPlans(t *testing.T) {
 					walk = func(n planNode) {
 						switch n.NodeType {
 						case "Seq Scan", "Bitmap Heap Scan", "Bitmap Index Scan":
-							t.Errorf("%s, %s, cursor %d: %s on %s%s", q.name, mode, cursor, n.NodeType, n.RelName, n.IndexName)
+							t.Errorf("%s, %s, statistics %v, cursor %d: %s on %s%s", q.name, mode, stats, cursor, n.NodeType, n.RelName, n.IndexName)
 						case "Index Scan", "Index Only Scan":
 							if rows := (n.ActualRows + n.Filtered) * n.ActualLoops; rows > bound {
-								t.Errorf("%s %q, %s, cursor %d: %s on %s read %v rows, bound %v", q.name, topics, mode, cursor, n.NodeType, n.IndexName, rows, bound)
+								t.Errorf("%s %q, %s, statistics %v, cursor %d: %s on %s read %v rows, bound %v", q.name, topics, mode, stats, cursor, n.NodeType, n.IndexName, rows, bound)
 							}
 						}
 						for _, c := range n.Plans {

@@ -214,6 +214,61 @@ const (
 			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.topic, e.sequence LIMIT $3)
 	) s ORDER BY s.sequence LIMIT $3`
 
+	// Pages (Read, with a MaxBytes): the oldest events of the scope in
+	// ($after, $through], at most $limit, stopping once they hold
+	// $maxBytes of payload (at least one), then at most one row more with
+	// keep false and no payload: the next event of the scope in ($after,
+	// $through] (it tells More).
+	//
+	// The inner query is the oldest read above (same plan), limited to
+	// $limit+1 rows, with octet_length(payload) beside the payload:
+	// octet_length of a text reads the stored value's header (its raw
+	// size), neither fetching an out-of-line (TOAST) value nor
+	// decompressing it, and the payload column stays a pointer to the
+	// out-of-line value until a row is sent. Rows above $through are
+	// dropped after the limit, not bounded in the index scan: a range
+	// bounded on both sides by parameters is estimated at 0.5% of the
+	// table, and the planner then bitmap-scans everything above the cursor
+	// and sorts it (seen on 4,000 rows without statistics; TestQueryPlans).
+	// One window over the rows in sequence order numbers them (n) and sums
+	// the sizes before each (before); a row is kept if it is the first, or
+	// within the limit with less than $maxBytes before it, and shown if it
+	// is kept or its predecessor was (prev: the predecessor's size). Only
+	// kept rows carry their payload, so the server never reads, nor sends,
+	// a payload the page leaves out (paging through large events used to
+	// move each one up to $limit+1 times: BENCHMARKS.md, "Issue 11:
+	// PostgreSQL", "Reads cut at MaxBytes on the server"). The bytes are
+	// counted in the database's encoding, which is the payload's own
+	// (UTF-8) in a UTF8 or SQL_ASCII database.
+	//
+	// $1 topics, $2 after, $3 through, $4 limit, $5 maxBytes (the global
+	// form: $1 after, $2 through, $3 limit, $4 maxBytes).
+	qPageGlobal = `SELECT p.sequence, p.event_id, p.type, p.topic, CASE WHEN p.keep THEN p.payload END, p.created_at, p.keep FROM (
+		SELECT w.*, w.n <= $3::bigint AND (w.n = 1 OR w.before < $4::bigint) AS keep,
+			w.n = 1 OR (w.n - 1 <= $3::bigint AND (w.n = 2 OR w.before - w.prev < $4::bigint)) AS shown
+		FROM (SELECT c.*, row_number() OVER w AS n, sum(c.size) OVER w - c.size AS before, lag(c.size) OVER w AS prev
+			FROM (SELECT ` + eventColumns + `, octet_length(e.payload) AS size FROM %[1]sevents e
+				WHERE e.sequence > $1 ORDER BY e.sequence LIMIT $3::bigint + 1) c
+			WHERE c.sequence <= $2::bigint
+			WINDOW w AS (ORDER BY c.sequence ROWS UNBOUNDED PRECEDING)) w
+	) p WHERE p.shown ORDER BY p.sequence`
+	qPageTopics = `SELECT p.sequence, p.event_id, p.type, p.topic, CASE WHEN p.keep THEN p.payload END, p.created_at, p.keep FROM (
+		SELECT w.*, w.n <= $4::bigint AND (w.n = 1 OR w.before < $5::bigint) AS keep,
+			w.n = 1 OR (w.n - 1 <= $4::bigint AND (w.n = 2 OR w.before - w.prev < $5::bigint)) AS shown
+		FROM (SELECT c.*, row_number() OVER w AS n, sum(c.size) OVER w - c.size AS before, lag(c.size) OVER w AS prev
+			FROM (SELECT s.* FROM (
+				SELECT x.* FROM unnest($1::text[]) AS t(topic) CROSS JOIN LATERAL (
+					SELECT ` + eventColumns + `, octet_length(e.payload) AS size FROM %[1]sevents e
+					WHERE (e.topic, e.sequence) > (t.topic, $2) AND (e.topic, e.sequence) <= (t.topic, 9223372036854775807)
+					ORDER BY e.topic, e.sequence LIMIT $4::bigint + 1) x
+				UNION ALL
+				(SELECT ` + eventColumns + `, octet_length(e.payload) AS size FROM %[1]sevents e
+					WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.topic, e.sequence LIMIT $4::bigint + 1)
+			) s ORDER BY s.sequence LIMIT $4::bigint + 1) c
+			WHERE c.sequence <= $3::bigint
+			WINDOW w AS (ORDER BY c.sequence ROWS UNBOUNDED PRECEDING)) w
+	) p WHERE p.shown ORDER BY p.sequence`
+
 	// Counting: the number and the first sequence of the visible rows above
 	// $2. Per group, the first row above the cursor and the group's last row
 	// are each one index probe; the count is the difference of their

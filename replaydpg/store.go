@@ -41,6 +41,10 @@
 //     connection other clients then use): set jit = off, and keep
 //     synchronous_commit on, for the role or database there (ALTER ROLE …
 //     SET jit = off).
+//   - Read's MaxBytes counts payload bytes as the server stores them
+//     (octet_length, so that the page is cut without fetching payloads):
+//     the payload's own UTF-8 bytes in a UTF8 or SQL_ASCII database, its
+//     bytes in the database's encoding otherwise.
 //   - A batch holding an event id that is already stored costs a second
 //     round trip: the first attempt takes every event for new and fails on
 //     the unique constraint (logged by the server as an ERROR), and the
@@ -154,6 +158,7 @@ type queries struct {
 	lock, appendNew, append, head, readAfter, watermark    string
 	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
 	newestSeqGlobal, newestSeqTopics                       string
+	pageGlobal, pageTopics                                 string
 	countGlobal, countTopics, pruneEdges, pruneBatch       string
 }
 
@@ -241,6 +246,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
 			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
 			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
+			pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
 			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
 			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
 		},
