@@ -26,10 +26,9 @@ import (
 //	r = r.WithContext(replayd.WithRevocation(r.Context(), session.ctx))
 //
 // and logging out cancels session.ctx. Only revoked's Done is used, not
-// its values. Calling
-// WithRevocation again on the result adds revoked to those it carries: the
-// stream ends when any of them is done. A context already done ends the
-// stream right after it starts.
+// its values. Calling WithRevocation again on the result adds revoked to
+// those it carries: the stream ends when any of them is done. A context
+// already done ends the stream right after it starts.
 func WithRevocation(parent, revoked context.Context) context.Context {
 	prev := revocations(parent)
 	all := make([]context.Context, len(prev), len(prev)+1)
