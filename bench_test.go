@@ -4,10 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -577,4 +580,38 @@ func BenchmarkTailIdlePoll(b *testing.B) {
 			b.Fatalf("idle poll read %d rows, err %v", n, err)
 		}
 	}
+}
+
+// BenchmarkPollAnswer times one poll answer in the handler, without the
+// network: limit=10, wait=0, at a random cursor in a 5,000-event backlog on
+// one topic (the request the pollrate phase of cmd/replayd-bench sends).
+func BenchmarkPollAnswer(b *testing.B) {
+	h := benchHub(b)
+	const backlog = 5000
+	var wg sync.WaitGroup
+	for w := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < backlog; i += 50 {
+				if _, err := h.Publish(context.Background(), "p", json.RawMessage(benchPayload)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	ph := h.PollHandler()
+	rng := rand.New(rand.NewPCG(7, 8))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest("GET", "/poll?topic=p&limit=10&wait=0&cursor="+strconv.Itoa(rng.IntN(backlog-10)), nil)
+		w := httptest.NewRecorder()
+		ph.ServeHTTP(w, r)
+		if w.Code != 200 || w.Body.Len() < 2000 {
+			b.Fatalf("status %d, %d bytes", w.Code, w.Body.Len())
+		}
+	}
+	benchReportRate(b, b.N, "answers/s")
 }

@@ -1,5 +1,7 @@
 package replayd
 
+import "encoding/json"
+
 // validJSON reports whether data is one JSON value (RFC 8259) with only
 // white space around it, exactly as encoding/json.Valid does, including its
 // nesting limit, without allocating. Publish validates every raw payload, and
@@ -199,4 +201,59 @@ func (v *jsonValidator) digits() bool {
 		v.i++
 	}
 	return v.i > start
+}
+
+// appendJSONString appends s as encoding/json.Marshal encodes a string. A
+// string of printable ASCII with nothing to escape (the usual topic or
+// type) is copied as it is; any other is left to encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			enc, _ := json.Marshal(s) // a string always encodes
+			return append(b, enc...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// appendJSONRaw appends raw as encoding/json.Marshal encodes a
+// json.RawMessage: compacted, with <, >, &, U+2028 and U+2029 escaped, and
+// an error if it is not valid JSON. Valid JSON with no white space between
+// its tokens and none of those characters (what Publish usually stores) is
+// copied as it is; any other is left to encoding/json.
+func appendJSONRaw(b []byte, raw []byte) ([]byte, error) {
+	if rawJSONVerbatim(raw) {
+		return append(b, raw...), nil
+	}
+	enc, err := json.Marshal(json.RawMessage(raw))
+	if err != nil {
+		return b, err
+	}
+	return append(b, enc...), nil
+}
+
+// rawJSONVerbatim reports whether encoding/json encodes raw, a
+// json.RawMessage, as raw itself.
+func rawJSONVerbatim(raw []byte) bool {
+	if !validJSON(raw) {
+		return false // invalid, or nil (encoded as null)
+	}
+	inString := false
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; c {
+		case '<', '>', '&', 0xe2: // 0xe2: the first byte of U+2028 and U+2029
+			return false
+		case ' ', '\t', '\n', '\r':
+			if !inString {
+				return false
+			}
+		case '\\':
+			i++ // valid JSON: a backslash is in a string, before one more byte
+		case '"':
+			inString = !inString
+		}
+	}
+	return true
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"sync"
 	"time"
 )
 
@@ -75,7 +77,10 @@ func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.metrics.gap(ans.Gap.Reason)
 	}
 	h.metrics.replayed(transportPoll, len(ans.Events))
-	body, err := json.Marshal(ans)
+	buf := pollBuffers.Get().(*[]byte)
+	defer putPollBuffer(buf)
+	body, err := ans.appendJSON((*buf)[:0])
+	*buf = body
 	if err != nil {
 		h.logger.Error("replayd: encode a poll answer", "topics", topics, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
@@ -86,6 +91,84 @@ func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	w.Write(body)
+}
+
+// pollBuffers holds the buffers poll answers are encoded into; a buffer
+// grown past maxPooledPollBuffer is dropped rather than kept.
+var pollBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledPollBuffer = 64 << 10
+
+func putPollBuffer(buf *[]byte) {
+	if cap(*buf) <= maxPooledPollBuffer {
+		pollBuffers.Put(buf)
+	}
+}
+
+// appendJSON appends the answer exactly as encoding/json.Marshal encodes
+// it (TestPollAnswerJSON holds the two to the same bytes), without
+// reflection; the gap, rare, and any string or payload that needs escaping
+// are still encoded by encoding/json.
+func (a *pollAnswer) appendJSON(b []byte) ([]byte, error) {
+	b = append(b, `{"topics":`...)
+	if a.Topics == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, t := range a.Topics {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, t)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"cursor":`...)
+	b = strconv.AppendInt(b, a.Cursor, 10)
+	b = append(b, `,"head":`...)
+	b = strconv.AppendInt(b, a.Head, 10)
+	b = append(b, `,"more":`...)
+	b = strconv.AppendBool(b, a.More)
+	b = append(b, `,"gap":`...)
+	if a.Gap == nil {
+		b = append(b, "null"...)
+	} else {
+		enc, err := json.Marshal(a.Gap)
+		if err != nil {
+			return b, err
+		}
+		b = append(b, enc...)
+	}
+	b = append(b, `,"events":`...)
+	if a.Events == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i := range a.Events {
+			e := &a.Events[i]
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"id":`...)
+			b = strconv.AppendInt(b, e.ID, 10)
+			b = append(b, `,"type":`...)
+			b = appendJSONString(b, e.Type)
+			b = append(b, `,"topic":`...)
+			if e.Topic == nil {
+				b = append(b, "null"...)
+			} else {
+				b = appendJSONString(b, *e.Topic)
+			}
+			b = append(b, `,"data":`...)
+			var err error
+			if b, err = appendJSONRaw(b, e.Data); err != nil {
+				return b, err
+			}
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}'), nil
 }
 
 // longPoll builds the answer to one poll request, holding a long poll until an
