@@ -84,6 +84,7 @@ const (
 	kindOrdinals         // per branch: first and last row in (after, before) with their ordinals
 	kindCount            // count, first and last in (after, before), row by row
 	kindWatermark        // the highest prune watermark of the scope
+	kindPage             // one row of head and watermark, then kindReplay's rows
 )
 
 // scopeQueries caches scopeQuery's text by kind and number of topics.
@@ -161,6 +162,13 @@ func buildScopeQuery(kind, n int) string {
 		}
 		in = append(in, "''")
 		return qWatermarkGlobal + " WHERE topic IN (" + strings.Join(in, ", ") + ")"
+	case kindPage:
+		// One statement is one snapshot: SQLite holds its read
+		// transaction from the first step to the reset. The first row
+		// (event_id NULL, which no event has) is the head and the
+		// watermark; UNION ALL returns its members in order.
+		return "SELECT (" + qHead + "), (" + buildScopeQuery(kindWatermark, n) + "), NULL, NULL, NULL, NULL" +
+			"\n\t\tUNION ALL\n\t\tSELECT * FROM (" + buildScopeQuery(kindReplay, n) + ")"
 	}
 	panic("replayd: unknown query kind")
 }

@@ -48,7 +48,7 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 func TestReplayQueryPlans(t *testing.T) {
 	db, _ := openTestDB(t)
 	newTestHub(t, db, Options{})
-	kinds := map[int]string{kindReplay: "replay", kindLatest: "latest", kindBoundary: "boundary", kindOrdinals: "ordinals", kindCount: "count"}
+	kinds := map[int]string{kindReplay: "replay", kindPage: "page", kindLatest: "latest", kindBoundary: "boundary", kindOrdinals: "ordinals", kindCount: "count"}
 	for _, n := range []int{0, 1, 2, 32} {
 		for kind, name := range kinds {
 			name := fmt.Sprintf("%s/%d topics", name, n)
@@ -86,7 +86,7 @@ func TestReplayQueryPlans(t *testing.T) {
 			if got := strings.Count(all, "USING INDEX events_topic_sequence_ordinal") + strings.Count(all, "USING COVERING INDEX events_topic_sequence_ordinal"); got != scans {
 				t.Errorf("%s plan is %d index range scans, want %d: %s", name, got, scans, all)
 			}
-			if kind == kindReplay || kind == kindLatest || kind == kindBoundary {
+			if kind == kindReplay || kind == kindLatest || kind == kindBoundary || kind == kindPage {
 				if !strings.Contains(all, "MERGE (UNION ALL)") {
 					t.Errorf("%s plan does not merge: %s", name, all)
 				}

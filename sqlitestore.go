@@ -102,43 +102,66 @@ func (l *sqliteStore) Append(ctx context.Context, evs []Event) ([]AppendResult, 
 // Head reads the head from sqlite_sequence: one indexed row.
 func (l *sqliteStore) Head(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
 
-// Read reads a page in one read transaction (see Store.Read).
+// Read reads a page in one statement, one snapshot: its first row is the
+// head and the scope's watermark, the others the page (see kindPage). It
+// needs no read transaction of its own, which cost a poll answer as much as
+// its three queries had before they were one.
 func (l *sqliteStore) Read(ctx context.Context, req ReadRequest) (p Page, err error) {
 	req = req.withDefaults()
-	err = l.readTx(ctx, func(tx querier) error {
-		// One row more than the limit tells More.
-		rows, err := tx.QueryContext(ctx, scopeQuery(kindReplay, len(req.Scope)), scopeArgs(req.Scope, req.After, req.Through, min(req.Limit, maxInt-1)+1)...)
-		if err != nil {
-			return err
-		}
-		size := 0
-		for rows.Next() {
-			if len(p.Events) == req.Limit || size >= req.MaxBytes {
-				p.More = true
-				break
-			}
-			ev, err := scanEvent(rows)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			p.Events = append(p.Events, ev)
-			size += len(ev.Payload)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if p.Head, err = l.head(ctx, tx); err != nil {
-			return err
-		}
-		p.Watermark, err = l.watermark(ctx, tx, req.Scope)
-		return err
-	})
+	query := scopeQuery(kindPage, len(req.Scope))
+	// One row more than the limit tells More.
+	rows, prepared, err := l.stmts.query(ctx, l.db, query, scopeArgs(req.Scope, req.After, req.Through, min(req.Limit, maxInt-1)+1)...)
 	if err != nil {
 		return Page{}, err
 	}
+	err = readPage(rows, req, &p)
+	if cerr := rows.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return Page{}, err
+	}
+	if !prepared {
+		l.stmts.prepare(ctx, l.db, []string{query}) // now that the connection is back
+	}
 	return p, nil
+}
+
+// readPage reads a kindPage query's rows into p.
+func readPage(rows *sql.Rows, req ReadRequest, p *Page) error {
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return errors.New("replayd: read a page: no head row")
+	}
+	var eventID, unused any
+	if err := rows.Scan(&p.Head, &p.Watermark, &eventID, &unused, &unused, &unused); err != nil {
+		return err
+	}
+	if eventID != nil {
+		return errors.New("replayd: read a page: an event came before the head row")
+	}
+	size := 0
+	for rows.Next() {
+		if len(p.Events) == req.Limit || size >= req.MaxBytes {
+			p.More = true
+			break
+		}
+		ev, err := scanEvent(rows)
+		if err != nil {
+			return err
+		}
+		if n := len(p.Events); n > 0 && ev.Sequence <= p.Events[n-1].Sequence {
+			return errors.New("replayd: read a page: events out of order")
+		}
+		p.Events = append(p.Events, ev)
+		size += len(ev.Payload)
+	}
+	return nil
 }
 
 // Window reads a resuming client's window (see readHandshake).

@@ -56,6 +56,18 @@ func (c *stmtCache) close() {
 	c.stmts.Clear()
 }
 
+// query runs query on db outside a transaction, with the cached statement
+// if there is one; prepared false means there was none, and the caller
+// prepares it (prepare) once the rows are closed.
+func (c *stmtCache) query(ctx context.Context, db *sql.DB, query string, args ...any) (rows *sql.Rows, prepared bool, err error) {
+	if st := c.load(query); st != nil {
+		rows, err = st.QueryContext(ctx, args...)
+		return rows, true, err
+	}
+	rows, err = db.QueryContext(ctx, query, args...)
+	return rows, false, err
+}
+
 // cachedTx is a read transaction whose queries use the cache's statements,
 // noting the ones it had to run from text.
 type cachedTx struct {
