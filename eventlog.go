@@ -167,7 +167,16 @@ func buildScopeQuery(kind, n int) string {
 		// transaction from the first step to the reset. The first row
 		// (event_id NULL, which no event has) is the head and the
 		// watermark; UNION ALL returns its members in order.
-		return "SELECT (" + qHead + "), (" + buildScopeQuery(kindWatermark, n) + "), NULL, NULL, NULL, NULL" +
+		wm := qWatermarkGlobal
+		if n > 0 {
+			wm = `SELECT coalesce(max(sequence), 0) FROM (` + branches(func(i int) string {
+				if i == 0 {
+					return `SELECT sequence FROM events_prune_watermarks WHERE topic = ''`
+				}
+				return fmt.Sprintf("SELECT sequence FROM events_prune_watermarks WHERE topic = ?%d", i)
+			}) + ")"
+		}
+		return "SELECT (" + qHead + "), (" + wm + "), NULL, NULL, NULL, NULL" +
 			"\n\t\tUNION ALL\n\t\tSELECT * FROM (" + buildScopeQuery(kindReplay, n) + ")"
 	}
 	panic("replayd: unknown query kind")
