@@ -690,6 +690,31 @@ func scanEvent(row interface{ Scan(...any) error }) (Event, error) {
 	return ev, nil
 }
 
+// eventScanner scans events as scanEvent does, into destinations it
+// reuses from row to row, so that a page's rows allocate only their values.
+type eventScanner struct {
+	ev      Event
+	topic   sql.NullString
+	payload []byte
+	created int64
+	dest    []any
+}
+
+func (s *eventScanner) scan(rows *sql.Rows) (Event, error) {
+	if s.dest == nil {
+		s.dest = []any{&s.ev.Sequence, &s.ev.EventID, &s.ev.Type, &s.topic, &s.payload, &s.created}
+	}
+	if err := rows.Scan(s.dest...); err != nil {
+		return Event{}, err
+	}
+	ev := s.ev
+	ev.Topic = s.topic.String
+	ev.Payload = json.RawMessage(s.payload)
+	ev.CreatedAt = time.UnixMilli(s.created)
+	s.payload = nil // the next row's payload is its own copy
+	return ev, nil
+}
+
 // writeTx runs fn inside BEGIN IMMEDIATE on one pooled connection, so the
 // write lock is taken up front and a busy database is waited for by the busy
 // timeout instead of failing a deferred transaction's upgrade.

@@ -236,7 +236,9 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 		}
 		if len(pg.events) > 0 || ans.Gap != nil || waiter == nil {
-			for _, ev := range pg.events {
+			ans.Events = make([]pollEvent, 0, len(pg.events))
+			for i := range pg.events {
+				ev := &pg.events[i]
 				pe := pollEvent{ID: ev.Sequence, Type: ev.Type, Data: ev.Payload}
 				if ev.Topic != "" {
 					pe.Topic = &ev.Topic

@@ -146,12 +146,13 @@ func readPage(rows *sql.Rows, req ReadRequest, p *Page) error {
 		return errors.New("replayd: read a page: an event came before the head row")
 	}
 	size := 0
+	var sc eventScanner
 	for rows.Next() {
 		if len(p.Events) == req.Limit || size >= req.MaxBytes {
 			p.More = true
 			break
 		}
-		ev, err := scanEvent(rows)
+		ev, err := sc.scan(rows)
 		if err != nil {
 			return err
 		}
