@@ -46,23 +46,34 @@ func (c *stmtCache) prepare(ctx context.Context, db *sql.DB, queries []string) {
 	}
 }
 
-// close closes every statement. A read still running with one prepares it
-// again on its connection (see Tx.StmtContext).
+// close closes every statement, each after it has left the cache. A read
+// transaction still running with one prepares it again on its connection
+// (see Tx.StmtContext); a read outside one runs it from its text (see
+// queryWith).
 func (c *stmtCache) close() {
-	c.stmts.Range(func(_, st any) bool {
+	c.stmts.Range(func(q, st any) bool {
+		c.stmts.Delete(q)
 		st.(*sql.Stmt).Close()
 		return true
 	})
-	c.stmts.Clear()
 }
 
 // query runs query on db outside a transaction, with the cached statement
 // if there is one; prepared false means there was none, and the caller
 // prepares it (prepare) once the rows are closed.
 func (c *stmtCache) query(ctx context.Context, db *sql.DB, query string, args ...any) (rows *sql.Rows, prepared bool, err error) {
-	if st := c.load(query); st != nil {
+	return c.queryWith(ctx, db, c.load(query), query, args...)
+}
+
+// queryWith runs query with st, the statement load found (or nil). A
+// statement closed since (close, when the store closes) has left the cache
+// first: then query runs from its text, so reads keep working after Close.
+func (c *stmtCache) queryWith(ctx context.Context, db *sql.DB, st *sql.Stmt, query string, args ...any) (rows *sql.Rows, prepared bool, err error) {
+	if st != nil {
 		rows, err = st.QueryContext(ctx, args...)
-		return rows, true, err
+		if err == nil || c.load(query) == st {
+			return rows, true, err
+		}
 	}
 	rows, err = db.QueryContext(ctx, query, args...)
 	return rows, false, err

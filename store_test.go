@@ -231,3 +231,32 @@ func TestCatchUpReadsWithoutTheDeliveryLock(t *testing.T) {
 		t.Fatalf("delivered %v, want %v", g, want)
 	}
 }
+
+// A read that took a cached statement just before the store's Close closed
+// it runs the query from its text: reads keep working after Close.
+func TestReadWithAStatementClosedByClose(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	mustPublish(t, h, "a", 1)
+	l := h.store.s.(*sqliteStore)
+	ctx := context.Background()
+	if _, err := l.Read(ctx, ReadRequest{Scope: []string{"a"}}); err != nil {
+		t.Fatal(err)
+	}
+	q := scopeQuery(kindPage, 1)
+	st := l.stmts.load(q)
+	if st == nil {
+		t.Fatal("the page query was not cached by a read")
+	}
+	l.stmts.close() // what Close does to the statements
+	rows, prepared, err := l.stmts.queryWith(ctx, db, st, q, scopeArgs([]string{"a"}, 0, maxSequence, 101)...)
+	if err != nil {
+		t.Fatalf("read with the closed statement: %v", err)
+	}
+	var p Page
+	err = readPage(rows, ReadRequest{Limit: 100, MaxBytes: maxInt}, &p)
+	rows.Close()
+	if err != nil || prepared || p.Head != 1 || len(p.Events) != 1 {
+		t.Fatalf("read: %+v, prepared %v, %v; want head 1, one event, from the text", p, prepared, err)
+	}
+}
