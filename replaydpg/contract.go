@@ -86,19 +86,9 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Pa
 	default:
 		query, args = s.q.oldestGlobal, append(args, req.After, limit+1)
 	}
-	b := &pgx.Batch{}
-	b.Queue(qBeginSnapshot)
-	b.Queue(s.q.head)
-	b.Queue(s.q.watermark, topics)
-	b.Queue(query, args...)
-	b.Queue("COMMIT")
-	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
-		if err := br.QueryRow().Scan(&p.Head); err != nil {
-			return err
-		}
-		if err := br.QueryRow().Scan(&p.Watermark); err != nil {
-			return err
-		}
+	err = s.scopeSnapshot(ctx, topics, &p.Head, &p.Watermark, func(b *pgx.Batch) {
+		b.Queue(query, args...)
+	}, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
 		if err != nil {
 			return err
@@ -160,25 +150,15 @@ func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 	if len(topics) > 0 {
 		newest, count, args = s.q.newestSeqTopics, s.q.countTopics, []any{topics}
 	}
-	b := &pgx.Batch{}
-	b.Queue(qBeginSnapshot)
-	b.Queue(s.q.head)
-	b.Queue(s.q.watermark, topics)
-	// One sequence more than the window: the newest skipped one.
-	b.Queue(newest, append(args, cursor, limit+1)...)
-	b.Queue(count, append(args, cursor)...)
-	b.Queue("COMMIT")
 	var (
 		seqs       []int64
 		total, fst int64
 	)
-	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
-		if err := br.QueryRow().Scan(&w.Head); err != nil {
-			return err
-		}
-		if err := br.QueryRow().Scan(&w.Watermark); err != nil {
-			return err
-		}
+	err = s.scopeSnapshot(ctx, topics, &w.Head, &w.Watermark, func(b *pgx.Batch) {
+		// One sequence more than the window: the newest skipped one.
+		b.Queue(newest, append(args, cursor, limit+1)...)
+		b.Queue(count, append(args, cursor)...)
+	}, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
 		if err != nil {
 			return err

@@ -653,27 +653,17 @@ func (s *Store) Handshake(ctx context.Context, topics []string, cursor int64, li
 	if len(topics) > 0 {
 		newest, count, scope = s.q.newestTopics, s.q.countTopics, []any{topics}
 	}
-	b := &pgx.Batch{}
-	b.Queue(qBeginSnapshot)
-	b.Queue(s.q.head)
-	b.Queue(s.q.watermark, topics)
-	if cursor >= 0 {
-		// One row more than the window: the newest skipped one, M's last.
-		b.Queue(newest, append(scope, cursor, limit+1)...)
-		b.Queue(count, append(scope, cursor)...)
-	}
-	b.Queue("COMMIT")
 	var (
 		rows       []replayd.Event
 		total, fst int64
 	)
-	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
-		if err := br.QueryRow().Scan(&hs.Head); err != nil {
-			return err
+	err = s.scopeSnapshot(ctx, topics, &hs.Head, &hs.Watermark, func(b *pgx.Batch) {
+		if cursor >= 0 {
+			// One row more than the window: the newest skipped one, M's last.
+			b.Queue(newest, append(scope, cursor, limit+1)...)
+			b.Queue(count, append(scope, cursor)...)
 		}
-		if err := br.QueryRow().Scan(&hs.Watermark); err != nil {
-			return err
-		}
+	}, func(br pgx.BatchResults) error {
 		if cursor < 0 {
 			return nil
 		}
@@ -695,6 +685,27 @@ func (s *Store) Handshake(ctx context.Context, topics []string, cursor int64, li
 	slices.Reverse(rows)
 	hs.Replay = rows
 	return hs, nil
+}
+
+// scopeSnapshot reads, in one REPEATABLE READ READ ONLY transaction and
+// one round trip, the head into head and the scope's prune watermark into
+// mark, then the statements queue adds, whose results read reads.
+func (s *Store) scopeSnapshot(ctx context.Context, topics []string, head, mark *int64, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	b := &pgx.Batch{}
+	b.Queue(qBeginSnapshot)
+	b.Queue(s.q.head)
+	b.Queue(s.q.watermark, topics)
+	queue(b)
+	b.Queue("COMMIT")
+	return s.snapshot(ctx, b, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(head); err != nil {
+			return err
+		}
+		if err := br.QueryRow().Scan(mark); err != nil {
+			return err
+		}
+		return read(br)
+	})
 }
 
 // snapshot sends b, which must open a transaction first and COMMIT last,
@@ -742,19 +753,9 @@ func (s *Store) Poll(ctx context.Context, topics []string, cursor int64, limit i
 	if len(topics) > 0 {
 		oldest, scope = s.q.oldestTopics, []any{topics}
 	}
-	b := &pgx.Batch{}
-	b.Queue(qBeginSnapshot)
-	b.Queue(s.q.head)
-	b.Queue(s.q.watermark, topics)
-	b.Queue(oldest, append(scope, cursor, limit+1)...)
-	b.Queue("COMMIT")
-	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
-		if err := br.QueryRow().Scan(&pp.Head); err != nil {
-			return err
-		}
-		if err := br.QueryRow().Scan(&pp.Watermark); err != nil {
-			return err
-		}
+	err = s.scopeSnapshot(ctx, topics, &pp.Head, &pp.Watermark, func(b *pgx.Batch) {
+		b.Queue(oldest, append(scope, cursor, limit+1)...)
+	}, func(br pgx.BatchResults) error {
 		var err error
 		pp.Events, err = collectEvents(br.Query())
 		return err
