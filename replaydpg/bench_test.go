@@ -459,7 +459,7 @@ func publishOn(b *testing.B, n int, hubs ...*replayd.EventHub) {
 // single-row autocommit inserts; raw 1,000-row inserts; and, to tell the
 // statement's cost from the batch size's, the store's Append with 1,000
 // events per call. b.N counts rounds. It reports each rate, the ratios
-// SPEC §14's targets name, the events per Append the hubs' writers
+// issue 11's targets name, the events per Append the hubs' writers
 // achieved, and the share of the run, and the mean time, the one-node
 // writer spent inside Append.
 func BenchmarkPairedHub(b *testing.B) {
@@ -557,7 +557,7 @@ func BenchmarkPairedAppendPaths(b *testing.B) {
 	b.ReportMetric(float64(csDedup.events.Load())/float64(csDedup.appends.Load()), "dedup:events/append")
 }
 
-// Handshakes on a million-row log (SPEC §14: the same bound as SQLite's,
+// Handshakes on a million-row log (target: the same bound as SQLite's,
 // BENCHMARKS.md "Handshake from cursor 0 against near the head": from
 // cursor 0 within 2x of near the head).
 const (
