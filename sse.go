@@ -221,7 +221,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 // the deepest call it made, and serveStream's frame, kept on the stack
 // below this one, is part of every call (measured with DetachConnections:
 // 8 KiB of stack per idle stream with the loop inline, 4 KiB with it here;
-// BENCHMARKS.md, c100k). Kept out of line for the same reason.
+// git show 60f0bd1:BENCHMARKS.md, "Issue 13"). Kept out of line for the same reason.
 //
 //go:noinline
 func (h *EventHub) liveLoop(s *stream, w http.ResponseWriter, ctx context.Context, topic string, head int64) {

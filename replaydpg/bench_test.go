@@ -21,8 +21,8 @@ import (
 // sequence) index), one at a time, from 64 goroutines, and 1,000 rows per
 // statement. The machine they were written on is shared, so the Paired*
 // ones interleave their contenders in short rounds and report ratios.
-// Measure with fsync on (BENCHMARKS.md, "Issue 11: PostgreSQL", has the
-// figures):
+// Measure with fsync on (BENCHMARKS.md has the figures; the journal of
+// each round is in git, git show 60f0bd1:BENCHMARKS.md):
 //
 //	REPLAYD_PG_FSYNC=1 source .ci/pg.sh
 //	cd replaydpg
@@ -558,7 +558,7 @@ func BenchmarkPairedAppendPaths(b *testing.B) {
 }
 
 // Handshakes on a million-row log (target: the same bound as SQLite's,
-// BENCHMARKS.md "Handshake from cursor 0 against near the head": from
+// git show 60f0bd1:BENCHMARKS.md, "Handshake from cursor 0 against near the head": from
 // cursor 0 within 2x of near the head).
 const (
 	handshakeRows   = 1_000_000
