@@ -104,7 +104,8 @@ type SSEOptions struct {
 	// costs a "data: " line each), and is shared by every connection.
 	// Default 1 MiB; negative: no cap.
 	MaxBufferedBytes int
-	// MaxTopics is the most distinct topics one request may name; default 32.
+	// MaxTopics is the most distinct topics one request may name; default
+	// 32. A request naming more is refused with 400.
 	MaxTopics int
 	// MaxConnections caps the hub's open SSE streams plus its waiting long
 	// polls; 0: no cap. Past it an SSE request gets 200 with only a retry
