@@ -21,7 +21,7 @@ import (
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
-// Request admission (SPEC §9, §10) over real HTTP: strict topic parsing,
+// Request admission (origins, topics, Authorize, the connection cap) over real HTTP: strict topic parsing,
 // the connection cap and its overload answer, and Options.Authorize.
 
 func TestParseTopics(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"github.com/replayd/replayd/chaostest"
 )
 
-// TestChaos checks SPEC §1 under disorder on SQLite (see the package
+// TestChaos checks the guarantee under disorder on SQLite (see the package
 // chaostest): every hub is another process's, on its own pool of one
 // database file. Every random choice comes from -chaos.seed, so a failing
 // seed replays the same decisions:

@@ -10,7 +10,7 @@ import (
 )
 
 // clientJS is the browser module: subscribe() over SSE, long polls, or SSE
-// falling back to long polls (SPEC §12).
+// falling back to long polls (docs/browser.md).
 //
 //go:embed client.js
 var clientJS []byte
@@ -26,7 +26,8 @@ func clientContentTag(content []byte) string {
 }
 
 // ClientScript returns a handler serving the browser module, an ES module
-// exporting subscribe (see the README, "Browser module"). Mount it where
+// exporting subscribe (docs/browser.md in the repository describes its
+// options). Mount it where
 // pages import it from, for example
 //
 //	mux.Handle("/replayd.js", replayd.ClientScript())

@@ -1,4 +1,4 @@
-// replayd browser module (SPEC §12): one cursor over SSE and long polls.
+// replayd browser module: one cursor over SSE and long polls.
 //
 //   import { subscribe } from "/replayd.js";
 //   const sub = subscribe({sse: "/events", poll: "/poll", topics: ["room-42"],

@@ -15,7 +15,7 @@ import (
 )
 
 // The schema. One append-only table holds every event; a second, tiny table
-// holds the prune watermarks (§3 of the spec). Topic is NULL for broadcasts in
+// holds the prune watermarks (see Store). Topic is NULL for broadcasts in
 // the events table and the empty string in the watermark table, where it is
 // a primary key.
 //

@@ -39,14 +39,18 @@ var ErrUnauthenticated = errors.New("replayd: unauthenticated")
 type Options struct {
 	DefaultType string       // SSE event type when Publish gets none; default "message"
 	SSE         SSEOptions   // the SSE endpoint's behaviour
-	Logger      *slog.Logger // nil: discard
+	Logger      *slog.Logger // tail, retention and stream errors (docs/operations.md lists the records); nil: discard
 
 	// Authorize, if set, decides every SSE and poll request before anything
 	// is read from the log, given the request's topics in the order first
 	// requested (empty for the global scope: every event). A nil error
 	// grants exactly that scope; an error refuses the request with 401 when
 	// errors.Is(err, ErrUnauthenticated), else 403. The error's text is
-	// logged at debug level, never sent.
+	// logged at debug level, never sent. It gets its own copy of the
+	// topics (nil for the global scope) and is not called for OPTIONS, nor
+	// for a request the method, origin, topic or connection checks already
+	// refused. A 401 carries no WWW-Authenticate header: wrap the handler to
+	// add one. See docs/authorization.md in the repository.
 	Authorize func(r *http.Request, topics []string) error
 	// Poll configures the handler returned by EventHub.PollHandler.
 	Poll PollOptions
@@ -65,10 +69,12 @@ type PollOptions struct {
 // values mean the defaults given; negative values mean "off" where noted.
 type SSEOptions struct {
 	// TopicParam is the query parameter naming the topic; default "topic".
+	// It may be repeated for several topics; each value is trimmed, blank
+	// ones ignored; none: the global scope, every event.
 	TopicParam string
 	// AllowedOrigins lists the origins (scheme://host[:port]) allowed to
-	// connect. Empty: same-origin requests and requests without an Origin
-	// header only. []string{"*"}: any origin.
+	// connect. Empty: same-origin requests only. []string{"*"}: any origin.
+	// Requests without an Origin header are always served.
 	AllowedOrigins []string
 	// ReplayLimit is the most events a reconnecting client is replayed;
 	// anything older it missed is named in a gap frame. Default 100;
@@ -86,7 +92,7 @@ type SSEOptions struct {
 	GapEventType string
 	// Retry, if positive, is sent as the SSE retry field in the hello's
 	// block (a block of its own reaches some Go clients as an empty
-	// event): how long a browser waits before reconnecting.
+	// event): how long a browser waits before reconnecting. 0: not sent.
 	Retry time.Duration
 	// MaxBufferedBytes caps each connection's unsent live frames. A client
 	// past the cap is disconnected and resumes from the log when it
@@ -98,13 +104,16 @@ type SSEOptions struct {
 	// costs a "data: " line each), and is shared by every connection.
 	// Default 1 MiB; negative: no cap.
 	MaxBufferedBytes int
-	// MaxTopics is the most distinct topics one request may name; default 32.
+	// MaxTopics is the most distinct topics one request may name; default
+	// 32. A request naming more is refused with 400.
 	MaxTopics int
 	// MaxConnections caps the hub's open SSE streams plus its waiting long
-	// polls; 0: no cap.
+	// polls; 0: no cap. Past it an SSE request gets 200 with only a retry
+	// field and a comment, so an EventSource comes back by itself later,
+	// and a poll gets 503 with Retry-After.
 	MaxConnections int
-	// OverloadRetry is the base of the reconnect delay told to a refused
-	// client: drawn between 1x and 2x of it; default 5s.
+	// OverloadRetry is the base of the reconnect delay told to a client
+	// refused by MaxConnections: drawn between 1x and 2x of it; default 5s.
 	OverloadRetry time.Duration
 	// DetachConnections serves each HTTP/1.1 stream on the connection
 	// itself, taken over from net/http (http.Hijacker) once the request is
@@ -114,10 +123,12 @@ type SSEOptions struct {
 	// close). HTTP/2, and a ResponseWriter that cannot hijack, are served
 	// as usual. http.Server.Shutdown does not wait for detached streams and
 	// http.Server.Close does not close them: call Close on the hub first,
-	// which ends them. A client that leaves is noticed at the next write
-	// (at the latest the next heartbeat), not at once. Middleware that
-	// wraps the ResponseWriter sees only the request, not the stream's
-	// bytes.
+	// which ends them. A client that leaves is noticed at once on Linux,
+	// elsewhere at the next write (at the latest the next heartbeat).
+	// Middleware that wraps the ResponseWriter sees only the request, not
+	// the stream's bytes, and cancelling the request's context does not end
+	// a detached stream (it ended when the handler returned): revoke access
+	// with WithRevocation.
 	DetachConnections bool
 }
 
@@ -557,8 +568,9 @@ const (
 
 // Subscribe registers fn to receive every event delivered live by this hub,
 // of every topic, exactly once and in sequence order, until unsubscribe is
-// called. fn runs on the delivering goroutine: it must return quickly and
-// must not call Publish. unsubscribe may be called from inside fn; once it
+// called. fn runs on the delivering goroutine, under the hub's delivery
+// lock (for this hub's own publishes, before Publish returns): it must
+// return quickly and must not call Publish. unsubscribe may be called from inside fn; once it
 // returns, fn is not called again. Rows the hub cannot deliver live (see
 // SubscribeWithGaps) are skipped without a word: a subscriber that must know
 // uses SubscribeWithGaps.
@@ -609,6 +621,16 @@ type Stats struct {
 // Handler returns the SSE endpoint. Mount it wherever you like:
 //
 //	mux.Handle("/events", hub.Handler())
+//
+// A request names its scope with the topic parameter (SSEOptions.TopicParam,
+// repeatable) and its cursor with the Last-Event-ID header, or failing that
+// the lastEventId query parameter; PROTOCOL.md in the repository describes
+// every frame and status code. Middleware in front of it must let it flush:
+// the ResponseWriter it passes on must implement http.Flusher, or have an
+// Unwrap() http.ResponseWriter method leading to one, as
+// http.ResponseController needs; otherwise every stream is refused with 500
+// and the cause is logged at Error, once. Each write to a client must finish
+// within 7.5-15s, or the client is disconnected (it resumes from the log).
 func (h *EventHub) Handler() http.Handler { return (*sseHandler)(h) }
 
 // Log returns the hub's event log.

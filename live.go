@@ -400,7 +400,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 
 // logReset handles a head below the live position: the log was reset or
 // replaced from outside, and its sequences start again. Like a cursor above
-// the head (SPEC §4.4, unknown_cursor), every stream ends, so its client
+// the head (an unknown_cursor gap), every stream ends, so its client
 // reconnects, is told by an unknown_cursor gap and goes on from the new head;
 // gap subscribers are told the same; the live position moves down to
 // through, above which rows are delivered again. The caller holds

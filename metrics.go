@@ -12,7 +12,7 @@ const (
 	transportPoll = "poll"
 )
 
-// Reasons a request is refused, as metrics label them (§13).
+// Reasons a request is refused, as metrics label them.
 const (
 	refusedOverload        = "overload"
 	refusedForbidden       = "forbidden"

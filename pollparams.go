@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// pollParams are a poll request's query parameters, checked (§11).
+// pollParams are a poll request's query parameters, checked (PROTOCOL.md, the poll transport).
 type pollParams struct {
 	cursor int64 // valid when fresh is false
 	fresh  bool  // no cursor given

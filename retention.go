@@ -9,7 +9,7 @@ import (
 
 // RetentionPolicy bounds the log. Zero fields are no limit.
 type RetentionPolicy struct {
-	MaxEvents int64         // keep at most this many newest events; 0: no count limit
+	MaxEvents int64         // keep at most this many newest events of the whole log (not per topic); 0: no count limit
 	MaxAge    time.Duration // delete events older than this; 0: no age limit
 }
 

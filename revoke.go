@@ -5,7 +5,7 @@ import (
 	"net/http"
 )
 
-// Revocation (README, "Who may see what"). A request's own context is no
+// Revocation (docs/authorization.md in the repository). A request's own context is no
 // handle on a stream's access: a detached stream outlives it
 // (DetachConnections), and middleware that cancels it must keep one
 // context per request. A revocation context is the caller's (a session's,

@@ -15,7 +15,7 @@ var errStoreClosed = errors.New("replayd: the store is closed")
 // openSQLiteStore returns the SQLite store over db: it creates the schema
 // if it is missing, remembers the database file's identity, and reserves
 // the writer's connection now, before any reader can queue for the pool
-// (§2: a publish is never slowed by SSE clients).
+// (a publish is never slowed by SSE clients).
 func openSQLiteStore(db *sql.DB) (*sqliteStore, error) {
 	if db == nil {
 		return nil, errors.New("replayd: nil *sql.DB")

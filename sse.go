@@ -49,7 +49,7 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.startStream(w, r, topics, rawCursor, &release)
 }
 
-// setStreamHeaders sets the headers of an SSE response (§4.3).
+// setStreamHeaders sets the headers of an SSE response (PROTOCOL.md, "Response").
 func setStreamHeaders(w http.ResponseWriter) {
 	hdr := w.Header()
 	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
@@ -57,7 +57,7 @@ func setStreamHeaders(w http.ResponseWriter) {
 	hdr.Set("X-Accel-Buffering", "no")
 }
 
-// allowOrigin applies the origin policy of §4.2, setting the CORS response
+// allowOrigin applies the origin policy of SSEOptions.AllowedOrigins, setting the CORS response
 // headers of an allowed cross-origin request.
 func (h *EventHub) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
 	origin := r.Header.Get("Origin")
@@ -221,7 +221,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 // the deepest call it made, and serveStream's frame, kept on the stack
 // below this one, is part of every call (measured with DetachConnections:
 // 8 KiB of stack per idle stream with the loop inline, 4 KiB with it here;
-// BENCHMARKS.md, c100k). Kept out of line for the same reason.
+// git show 60f0bd1:BENCHMARKS.md, "Issue 13"). Kept out of line for the same reason.
 //
 //go:noinline
 func (h *EventHub) liveLoop(s *stream, w http.ResponseWriter, ctx context.Context, topic string, head int64) {
@@ -387,7 +387,7 @@ func endEarly(w http.ResponseWriter, reason string) {
 	w.Write([]byte(": " + reason + "\n\n"))
 }
 
-// gapFor returns the gap frame a new stream is owed, or nil (§4.4).
+// gapFor returns the gap frame a new stream is owed, or nil (PROTOCOL.md, "gap").
 func gapFor(rawCursor string, cursor int64, valid bool, hs handshake, limit int) *gap {
 	switch {
 	case rawCursor == "":

@@ -25,7 +25,7 @@ type TopicClientTracker struct {
 	now    func() time.Time
 }
 
-// Bounds on the idle topics a tracker keeps (§7 of the spec).
+// Bounds on the idle topics a tracker keeps.
 const (
 	trackerIdleTTL = time.Hour // an idle topic is dropped after this long
 	trackerMaxIdle = 10_000    // beyond this many idle topics the oldest go

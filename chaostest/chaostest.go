@@ -1,4 +1,4 @@
-// Package chaostest checks SPEC §1 ("contiguity or an explicit gap, never
+// Package chaostest checks replayd's guarantee ("contiguity or an explicit gap, never
 // a silent hole") under disorder, against any store: a backend's test hands
 // Run a factory of hubs on one shared log, and the same chaos run and
 // oracle check SQLite and PostgreSQL alike. A backend's test runs
@@ -176,7 +176,7 @@ type env struct {
 }
 
 // Run runs the chaos phase on the hubs newLog's Open makes, then checks
-// SPEC §1 for every connection and poll. newLog is called once and must
+// the guarantee for every connection and poll. newLog is called once and must
 // return an Open on a new, empty log; cleaning the log up is its business,
 // with t.Cleanup.
 func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {

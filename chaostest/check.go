@@ -1,8 +1,8 @@
 package chaostest
 
 // The oracle: the log against the ledger, every SSE connection against
-// SPEC §1 and §4, the in-process subscribers (check_poll.go: every poll
-// answer against §11).
+// the guarantee and the wire protocol (PROTOCOL.md), the in-process
+// subscribers (check_poll.go: every poll answer against the poll transport).
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
-// The gap reasons of SPEC §4.4 (PROTOCOL.md, "gap").
+// The gap reasons (PROTOCOL.md, "gap").
 const (
 	reasonReplayLimit   = "replay_limit"
 	reasonPruned        = "pruned"
@@ -30,7 +30,7 @@ const (
 	reasonInvalidCursor = "invalid_cursor"
 )
 
-// parseCursor parses a cursor as SPEC §4.4 does: ASCII digits only, within
+// parseCursor parses a cursor as PROTOCOL.md's cursor grammar does: ASCII digits only, within
 // int64.
 func parseCursor(s string) (int64, bool) {
 	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
@@ -161,7 +161,7 @@ func (r *Report) Log(t testing.TB) {
 }
 
 // Check checks the log against the ledger, every connection and poll
-// answer against SPEC §1, §4 and §11, and the subscribers; it returns the
+// answer against the guarantee and PROTOCOL.md (streams and polls), and the subscribers; it returns the
 // violations, each with a trace, and what it checked.
 func Check(in Input) *Report {
 	r := &Report{Modes: map[string]int{}, Gaps: map[string]int{}, Ends: map[string]int{}, PollModes: map[string]int{}, PollGaps: map[string]int{}}
@@ -376,7 +376,7 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		return st, fmt.Errorf("hello topics %v, connection topics %q", hello.Topics, c.Topics)
 	case head < 0 || head > finalHead:
 		// The head need not be a stored event: a rejected duplicate may
-		// consume a sequence (SPEC §2).
+		// consume a sequence (see replayd.Store).
 		return st, fmt.Errorf("hello head %d is outside 0..%d", head, finalHead)
 	case head < c.Known:
 		return st, fmt.Errorf("hello head %d, but %d was committed before the request", head, c.Known)
@@ -498,7 +498,7 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 	return st, nil
 }
 
-// holeError is the violation §1 forbids: an event visible to the scope,
+// holeError is the violation the guarantee forbids: an event visible to the scope,
 // above the cursor, neither delivered nor named in a gap.
 type holeError struct{ seq, prev, next int64 }
 

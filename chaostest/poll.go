@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Poll clients (SPEC §11): next to the SSE clients, clients that poll
+// Poll clients (the poll transport): next to the SSE clients, clients that poll
 // either hub in sessions of consecutive polls, each passing back the cursor
 // of the answer before, with varied limits, waits (0 and long polls) and
 // scopes, from fresh, resumed, stale, future and invalid cursors, and from

@@ -18,7 +18,7 @@ import (
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
-// Request admission (SPEC §9, §10) over real HTTP: strict topic parsing,
+// Request admission (origins, topics, Authorize, the connection cap) over real HTTP: strict topic parsing,
 // Options.Authorize's grant, and a request context that ends.
 
 // A query that does not parse is refused: net/url drops a malformed pair,

@@ -277,7 +277,7 @@ func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
 	})
 }
 
-// The gap matrix of §4.4 for replay_limit, in a topic scope and the global
+// The gap matrix of PROTOCOL.md for replay_limit, in a topic scope and the global
 // scope, with other topics interleaved so counting visible rows and
 // sequence arithmetic disagree.
 func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) opener) {
@@ -461,7 +461,7 @@ func testSSEGapInvalidCursor(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 }
 
-// The bad-input table of §8, row by row, over HTTP.
+// The bad-input table, row by row, over HTTP.
 func testSSEBadInputTable(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 1}})

@@ -21,8 +21,8 @@ import (
 // sequence) index), one at a time, from 64 goroutines, and 1,000 rows per
 // statement. The machine they were written on is shared, so the Paired*
 // ones interleave their contenders in short rounds and report ratios.
-// Measure with fsync on (BENCHMARKS.md, "Issue 11: PostgreSQL", has the
-// figures):
+// Measure with fsync on (BENCHMARKS.md has the figures; the journal of
+// each round is in git, git show 60f0bd1:BENCHMARKS.md):
 //
 //	REPLAYD_PG_FSYNC=1 source .ci/pg.sh
 //	cd replaydpg
@@ -459,7 +459,7 @@ func publishOn(b *testing.B, n int, hubs ...*replayd.EventHub) {
 // single-row autocommit inserts; raw 1,000-row inserts; and, to tell the
 // statement's cost from the batch size's, the store's Append with 1,000
 // events per call. b.N counts rounds. It reports each rate, the ratios
-// SPEC §14's targets name, the events per Append the hubs' writers
+// issue 11's targets name, the events per Append the hubs' writers
 // achieved, and the share of the run, and the mean time, the one-node
 // writer spent inside Append.
 func BenchmarkPairedHub(b *testing.B) {
@@ -557,8 +557,8 @@ func BenchmarkPairedAppendPaths(b *testing.B) {
 	b.ReportMetric(float64(csDedup.events.Load())/float64(csDedup.appends.Load()), "dedup:events/append")
 }
 
-// Handshakes on a million-row log (SPEC §14: the same bound as SQLite's,
-// BENCHMARKS.md "Handshake from cursor 0 against near the head": from
+// Handshakes on a million-row log (target: the same bound as SQLite's,
+// git show 60f0bd1:BENCHMARKS.md, "Handshake from cursor 0 against near the head": from
 // cursor 0 within 2x of near the head).
 const (
 	handshakeRows   = 1_000_000

@@ -15,7 +15,7 @@ var (
 	chaosDurationFlag = flag.Duration("chaos.duration", 0, "how long TestChaos runs its chaos phase (0: 15s, 2s with -short)")
 )
 
-// TestChaos checks SPEC §1 under disorder on PostgreSQL (see the package
+// TestChaos checks the guarantee under disorder on PostgreSQL (see the package
 // chaostest): every hub is another node's, with its own Store and pool, on
 // the tables of a fresh prefix. Every random choice comes from -chaos.seed,
 // so a failing seed replays the same decisions:

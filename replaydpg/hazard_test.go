@@ -67,7 +67,7 @@ func runTailReader(ctx context.Context, written <-chan struct{}, read func(ctx c
 	}
 }
 
-// TestNoSkippedRows is the hazard of SPEC §14 against this store: 64
+// TestNoSkippedRows is the ordering hazard (see replayd.Store) against this store: 64
 // concurrent appenders on two stores (two nodes), and a reader reading
 // "sequence > cursor" in a loop. Every committed row must have been seen:
 // a row committed below a sequence the reader has already passed would be

@@ -37,7 +37,7 @@ import (
 // publish they attempt and every event Publish returned; a reader records
 // the log as it grows. At the end the chaos oracle (chaostest.Check) checks
 // every frame of every connection and every poll answer against that
-// ledger and the log (SPEC §1, §4, §11, §14) and must find 0 violations;
+// ledger and the log (the guarantee, over streams and polls, across nodes) and must find 0 violations;
 // among its connections and poll sessions some resumed on another node
 // than the one the client left, and went on exactly at the cursor.
 
@@ -623,7 +623,7 @@ func (c *nodeClient) pollFor(ctx context.Context, srv *chaostest.Server, base st
 }
 
 // probe sends one poll with a cursor far above any head, as a session of
-// its own: SPEC §11 answers an unknown_cursor gap with the head as the
+// its own: the poll transport answers an unknown_cursor gap with the head as the
 // cursor and no events. The client's cursor does not move. It returns
 // false when the request failed (the node is dying).
 func (c *nodeClient) probe(ctx context.Context, srv *chaostest.Server, base string, tr *truth) bool {

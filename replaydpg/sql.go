@@ -78,7 +78,7 @@ const eventColumns = `e.sequence, e.event_id, e.type, e.topic, e.payload, e.crea
 // stores only the new ones. Retried publishes are rare; looking up every
 // id, numbering the survivors with window functions and returning a row
 // per event cost about half of a 64-event batch on the server
-// (BENCHMARKS.md, "PostgreSQL").
+// (git show 60f0bd1:BENCHMARKS.md, "Issue 11: PostgreSQL").
 const (
 	qLock = `SELECT 1 FROM %[1]shead WHERE id = 1 FOR UPDATE`
 
@@ -236,7 +236,7 @@ const (
 	// is kept or its predecessor was (prev: the predecessor's size). Only
 	// kept rows carry their payload, so the server never reads, nor sends,
 	// a payload the page leaves out (paging through large events used to
-	// move each one up to $limit+1 times: BENCHMARKS.md, "Issue 11:
+	// move each one up to $limit+1 times: git show 60f0bd1:BENCHMARKS.md, "Issue 11:
 	// PostgreSQL", "Reads cut at MaxBytes on the server"). The bytes are
 	// counted in the database's encoding, which is the payload's own
 	// (UTF-8) in a UTF8 or SQL_ASCII database.

@@ -1,6 +1,6 @@
 // Package replaydpg is a PostgreSQL log for replayd: any number of
 // processes, on any number of machines, open one database and serve the same
-// log (SPEC §14). It uses pgx v5 and owns its connection pool.
+// log: a replayd.Store for several nodes. It uses pgx v5 and owns its connection pool.
 //
 // The promise everything rests on is that sequence order is visibility
 // order: once a reader has seen sequence s, no row with a sequence ≤ s
@@ -10,13 +10,13 @@
 // from the assignment to the commit; every read is then a plain
 // "sequence > cursor" index scan.
 //
-// Decisions where the spec is silent:
+// Decisions beyond the Store contract:
 //   - created_at is the server's clock_timestamp() taken under the head lock,
 //     raised to the previous batch's if the clock stepped back; it has
 //     microsecond precision.
 //   - A duplicate event id takes no sequence, and a failed batch rolls the
 //     head back with it, so sequences come out contiguous; nothing relies on
-//     it (SPEC §2: rules count visible rows).
+//     it (gap counts count visible rows).
 //   - Payloads, types, event ids and topics that are not valid UTF-8 or hold
 //     NUL are refused with replayd.ErrInvalid: PostgreSQL's text refuses them.
 //   - The listener behind WaitForAppend is one extra session-level connection
@@ -210,7 +210,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			sets = append(sets, "SET jit = off")
 		}
 		if _, ok := pcfg.ConnConfig.RuntimeParams["synchronous_commit"]; !ok {
-			// Publish returns once the commit is durable (SPEC §14): a
+			// Publish returns once the commit is durable: a
 			// server or role running with synchronous_commit = off would
 			// acknowledge events a crash then loses. Only off is raised;
 			// local, remote_write, on and remote_apply are durable here and

@@ -174,7 +174,7 @@ func scopeMark(marks map[string]int64, topics []string) int64 {
 	return p
 }
 
-// modelHandshake is SPEC §4.4 computed the slow way from the whole log.
+// modelHandshake is the handshake (PROTOCOL.md, gap) computed the slow way from the whole log.
 func modelHandshake(all []replayd.Event, marks map[string]int64, head int64, topics []string, cursor int64, limit int) Handshake {
 	hs := Handshake{Head: head, Watermark: scopeMark(marks, topics)}
 	if cursor < 0 {
@@ -202,8 +202,8 @@ func sequences(evs []replayd.Event) []int64 {
 	return out
 }
 
-// TestHandshakeAndPollMatchModel compares Handshake and Poll with SPEC §4.4
-// and §11 computed from the whole log, over scopes, cursors and limits, on a
+// TestHandshakeAndPollMatchModel compares Handshake and Poll with the gap rules
+// and the poll transport computed from the whole log, over scopes, cursors and limits, on a
 // log with duplicates and a pruned prefix.
 func TestHandshakeAndPollMatchModel(t *testing.T) {
 	t.Parallel()

@@ -20,7 +20,7 @@
 // factory's business, with t.Cleanup.
 //
 // The package chaostest is the other kit: given a factory of hubs on one
-// log, it runs the chaos run and its SPEC §1 oracle over the store.
+// log, it runs the chaos run and its oracle (contiguity or an explicit gap) over the store.
 //
 // Some subtests wait for the clock to move on (created_at and MaxAge have
 // millisecond precision): tens to hundreds of milliseconds each, bounded.

@@ -16,7 +16,8 @@
 // per measurement), drives it over HTTP control endpoints, and stops it by
 // closing its stdin. Every phase has a hard deadline, and a server child
 // exits on its own if the orchestrator disappears or its deadline passes.
-// BENCHMARKS.md explains each figure.
+// BENCHMARKS.md has the current figures; git show 60f0bd1:BENCHMARKS.md
+// explains each phase's method in full.
 package main
 
 import (
