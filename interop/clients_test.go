@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -45,13 +46,10 @@ func (r *recorder) stop(err error) {
 
 // has reports, under the lock, whether an event of type "message" with id
 // was handed over.
-func (r *recorder) has(id string) bool {
-	for _, f := range r.frames {
-		if f.typ == "message" && f.id == id {
-			return true
-		}
-	}
-	return false
+func (r *recorder) has(id string) bool { return hasMessage(r.frames, id) }
+
+func hasMessage(frames []frame, id string) bool {
+	return slices.ContainsFunc(frames, func(f frame) bool { return f.typ == "message" && f.id == id })
 }
 
 func (r *recorder) snapshot() ([]frame, bool, error) {
@@ -68,23 +66,25 @@ type client struct {
 }
 
 var clients = []client{
-	{"r3labs/sse", runR3labs},
+	{"r3labs/sse", r3labs()},
 	{"r3labs/sse+loop", runR3labsLoop},
 	{"launchdarkly/eventsource", runLaunchDarkly},
-	{"tmaxmax/go-sse", runGoSSE},
+	{"tmaxmax/go-sse", goSSE(0)},
 	{"npm eventsource", runNode},
 }
 
-// runR3labs: a ReconnectStrategy bound to ctx, or a cancelled
-// subscription goes on retrying for the back-off's 15 minutes.
-func runR3labs(ctx context.Context, t *testing.T, url string, rec *recorder) {
-	c := r3sse.NewClient(url)
-	c.ReconnectStrategy = backoff.WithContext(backoff.NewExponentialBackOff(), ctx)
-	err := c.SubscribeRawWithContext(ctx, func(m *r3sse.Event) {
-		rec.add(string(m.Event), string(m.ID), string(m.Data))
-	})
-	if ctx.Err() == nil {
-		rec.stop(fmt.Errorf("Subscribe returned %v", err))
+// r3labs subscribes with a ReconnectStrategy bound to ctx: without it a
+// cancelled subscription goes on retrying for the back-off's 15 minutes.
+func r3labs(opts ...func(*r3sse.Client)) func(ctx context.Context, t *testing.T, url string, rec *recorder) {
+	return func(ctx context.Context, t *testing.T, url string, rec *recorder) {
+		c := r3sse.NewClient(url, opts...)
+		c.ReconnectStrategy = backoff.WithContext(backoff.NewExponentialBackOff(), ctx)
+		err := c.SubscribeRawWithContext(ctx, func(m *r3sse.Event) {
+			rec.add(string(m.Event), string(m.ID), string(m.Data))
+		})
+		if ctx.Err() == nil {
+			rec.stop(fmt.Errorf("Subscribe returned %v", err))
+		}
 	}
 }
 
@@ -142,19 +142,26 @@ func runLaunchDarkly(ctx context.Context, t *testing.T, url string, rec *recorde
 	wg.Wait()
 }
 
-func runGoSSE(ctx context.Context, t *testing.T, url string, rec *recorder) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	conn := (&gosse.Client{}).NewConnection(req)
-	conn.SubscribeToAll(func(e gosse.Event) {
-		rec.add(e.Type, e.LastEventID, e.Data) // the last id seen, not the frame's own
-	})
-	err = conn.Connect()
-	if ctx.Err() == nil {
-		rec.stop(err)
+// goSSE connects with tmaxmax/go-sse's defaults; maxEvent > 0 raises its
+// scanner's limit (Connection.Buffer).
+func goSSE(maxEvent int) func(ctx context.Context, t *testing.T, url string, rec *recorder) {
+	return func(ctx context.Context, t *testing.T, url string, rec *recorder) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn := (&gosse.Client{}).NewConnection(req)
+		if maxEvent > 0 {
+			conn.Buffer(nil, maxEvent)
+		}
+		conn.SubscribeToAll(func(e gosse.Event) {
+			rec.add(e.Type, e.LastEventID, e.Data) // the last id seen, not the frame's own
+		})
+		err = conn.Connect()
+		if ctx.Err() == nil {
+			rec.stop(err)
+		}
 	}
 }
 
@@ -227,6 +234,7 @@ func runNode(ctx context.Context, t *testing.T, url string, rec *recorder) {
 		return
 	}
 	sc := bufio.NewScanner(out)
+	sc.Buffer(nil, 4<<20) // lines carry whole payloads
 	for sc.Scan() {
 		var m struct {
 			Type, ID, Data string

@@ -160,6 +160,34 @@ func names(es []ending) []string {
 	return out
 }
 
+// runClient starts c on url and waits until it has the stream's hello; the
+// client is stopped, and must let go, at the end of the test.
+func runClient(t *testing.T, ctx context.Context, c client, url string) *recorder {
+	t.Helper()
+	rec := &recorder{}
+	cctx, stopClient := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(cctx, t, url, rec)
+	}()
+	t.Cleanup(func() {
+		stopClient()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s still running 5 s after its context ended", c.name)
+		}
+	})
+	connected := rec.until(ctx, func() bool {
+		return rec.stopped || slices.ContainsFunc(rec.frames, func(f frame) bool { return f.typ == "hello" })
+	})
+	if !connected || rec.stopped {
+		t.Fatalf("%s did not connect: %v", c.name, rec.err)
+	}
+	return rec
+}
+
 func runCase(t *testing.T, c client, e ending) outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
 	defer cancel()
@@ -183,28 +211,7 @@ func runCase(t *testing.T, c client, e ending) outcome {
 		url = "http://" + px.addr() + "/?topic=t"
 	}
 
-	rec := &recorder{}
-	cctx, stopClient := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c.run(cctx, t, url, rec)
-	}()
-	defer func() {
-		stopClient()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			t.Errorf("%s still running 5 s after its context ended", c.name)
-		}
-	}()
-
-	connected := rec.until(ctx, func() bool {
-		return rec.stopped || slices.ContainsFunc(rec.frames, func(f frame) bool { return f.typ == "hello" })
-	})
-	if !connected || rec.stopped {
-		t.Fatalf("%s did not connect: %v", c.name, rec.err)
-	}
+	rec := runClient(t, ctx, c, url)
 	s.publish(ctx, 3)
 	if !rec.until(ctx, func() bool { return rec.stopped || rec.has("3") }) || rec.stopped {
 		t.Fatalf("%s did not get events 1-3: %v", c.name, rec.err)
@@ -275,19 +282,15 @@ func runCase(t *testing.T, c client, e ending) outcome {
 	wait, stopWait := context.WithTimeout(ctx, comeBackTime)
 	defer stopWait()
 	var admitted *request
-	rctx, stopR := context.WithCancel(wait)
-	go func() { // the client giving up ends the wait for a reconnect
-		rec.until(rctx, func() bool { return rec.stopped })
-		stopR()
-	}()
-	s.front.until(rctx, func() bool {
-		i := slices.IndexFunc(s.front.log[from:], func(r *request) bool { return r.admitted })
-		if i >= 0 {
+	untilEither(wait, &rec.board, &s.front.board, func() bool {
+		s.front.mu.Lock()
+		if i := slices.IndexFunc(s.front.log[from:], func(r *request) bool { return r.admitted }); i >= 0 {
 			admitted = s.front.log[from+i]
 		}
-		return i >= 0
+		s.front.mu.Unlock()
+		_, stopped, _ := rec.snapshot()
+		return admitted != nil || stopped
 	})
-	stopR()
 	if admitted != nil {
 		s.publish(ctx, 1)
 		last := fmt.Sprint(s.published[len(s.published)-1])

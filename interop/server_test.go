@@ -37,6 +37,33 @@ func (b *board) update(f func()) {
 	b.ch = make(chan struct{})
 }
 
+// changed returns a channel closed at the next update.
+func (b *board) changed() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+// untilEither reports whether ok became true before ctx ended, testing it
+// again on each update of a or b. ok takes the locks it needs.
+func untilEither(ctx context.Context, a, b *board, ok func() bool) bool {
+	for {
+		ca, cb := a.changed(), b.changed()
+		if ok() {
+			return true
+		}
+		select {
+		case <-ca:
+		case <-cb:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // until reports whether ok, called under the lock, became true before ctx
 // ended.
 func (b *board) until(ctx context.Context, ok func() bool) bool {
