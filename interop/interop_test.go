@@ -54,6 +54,7 @@ type outcome struct {
 	lastID   string   // Last-Event-ID of the first reconnect served a stream; "-" if none was sent
 	answers  []string // what each request after the ending was answered
 	messages []string // ids of the message events handed over, in order
+	empty    int      // frames handed over with neither a type nor data (a retry-only block)
 	stopErr  error
 }
 
@@ -113,6 +114,19 @@ var expected = map[string]map[string]expect{
 	},
 }
 
+// emptyFrame lists the cases where the client hands the application a
+// frame with neither a type nor data: the overload answer's retry-only
+// block, or (r3labs/sse) the closed hub's comment-only answer, passed on
+// as an event. Applications must ignore such events.
+var emptyFrame = map[string]bool{
+	"r3labs/sse × overload":               true,
+	"r3labs/sse × closing-hub":            true,
+	"r3labs/sse+loop × overload":          true,
+	"r3labs/sse+loop × closing-hub":       true,
+	"launchdarkly/eventsource × overload": true,
+	"tmaxmax/go-sse × overload":           true,
+}
+
 const (
 	caseTimeout  = 10 * time.Second // the whole case
 	comeBackTime = 5 * time.Second  // how long a client has to reconnect
@@ -133,8 +147,8 @@ func TestClients(t *testing.T) {
 				var got outcome
 				t.Run(e.name, func(t *testing.T) {
 					got = runCase(t, c, e)
-					t.Logf("%s: %s, gap %v, Last-Event-ID %s, answers %v, messages %v, stopped: %v",
-						e.doc, got.verdict, got.gap, got.lastID, got.answers, got.messages, got.stopErr)
+					t.Logf("%s: %s, gap %v, Last-Event-ID %s, answers %v, messages %v, empty frames %d, stopped: %v",
+						e.doc, got.verdict, got.gap, got.lastID, got.answers, got.messages, got.empty, got.stopErr)
 					want, ok := expected[c.name][e.name]
 					if !ok {
 						t.Fatalf("no expectation for %s × %s", c.name, e.name)
@@ -142,6 +156,10 @@ func TestClients(t *testing.T) {
 					if got.verdict != want.verdict || got.gap != want.gap {
 						t.Errorf("%s × %s: %s, gap %v; docs/clients.md says %s, gap %v",
 							c.name, e.name, got.verdict, got.gap, want.verdict, want.gap)
+					}
+					if wantEmpty := emptyFrame[c.name+" × "+e.name]; (got.empty > 0) != wantEmpty {
+						t.Errorf("%s × %s: %d empty frames handed over; docs/clients.md says some: %v",
+							c.name, e.name, got.empty, wantEmpty)
 					}
 				})
 				fmt.Fprintf(&table, " %s%s |", got.verdict, map[bool]string{true: " (gap)"}[got.gap])
@@ -304,6 +322,11 @@ func runCase(t *testing.T, c client, e ending) outcome {
 	}
 	var exact bool
 	got.messages, got.gap, exact = judge(t, s.published, frames)
+	for _, f := range frames {
+		if f.typ == "" && f.data == "" {
+			got.empty++
+		}
+	}
 	for _, r := range s.front.requests(from) {
 		got.answers = append(got.answers, r.answer)
 	}
