@@ -70,7 +70,9 @@ var clients = []client{
 	{"r3labs/sse+loop", runR3labsLoop},
 	{"launchdarkly/eventsource", runLaunchDarkly},
 	{"tmaxmax/go-sse", goSSE(0)},
+	{"tmaxmax/go-sse+loop", runGoSSELoop},
 	{"npm eventsource", runNode},
+	{"npm eventsource+reopen", runNodeReopen},
 }
 
 // r3labs subscribes with a ReconnectStrategy bound to ctx: without it a
@@ -101,14 +103,14 @@ func runR3labsLoop(ctx context.Context, t *testing.T, url string, rec *recorder)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(r3labsLoopWait):
+		case <-time.After(loopWait):
 		}
 	}
 }
 
-// r3labsLoopWait is the pause between two subscriptions of the loop; an
+// loopWait is the pause between two rounds of a work-around's loop; an
 // application would wait longer (the overload answer asks for 5-10 s).
-const r3labsLoopWait = 200 * time.Millisecond
+const loopWait = 200 * time.Millisecond
 
 // runLaunchDarkly: an error handler, or the stream blocks until someone
 // reads its Errors channel.
@@ -161,6 +163,27 @@ func goSSE(maxEvent int) func(ctx context.Context, t *testing.T, url string, rec
 		err = conn.Connect()
 		if ctx.Err() == nil {
 			rec.stop(err)
+		}
+	}
+}
+
+// runGoSSELoop is the work-around for tmaxmax/go-sse: call Connect again
+// on the same Connection when it returns. The Connection keeps the last
+// event id, and sends it.
+func runGoSSELoop(ctx context.Context, t *testing.T, url string, rec *recorder) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	conn := (&gosse.Client{}).NewConnection(req)
+	conn.SubscribeToAll(func(e gosse.Event) { rec.add(e.Type, e.LastEventID, e.Data) })
+	for {
+		_ = conn.Connect()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(loopWait):
 		}
 	}
 }
@@ -219,8 +242,18 @@ func nodeDir(t *testing.T) string {
 // runNode runs testdata/node/client.mjs, which prints one JSON object a
 // line for each event and error the EventSource dispatches.
 func runNode(ctx context.Context, t *testing.T, url string, rec *recorder) {
+	nodeClient(ctx, t, rec, url)
+}
+
+// runNodeReopen opens a new EventSource, from the last id, when one gives
+// up.
+func runNodeReopen(ctx context.Context, t *testing.T, url string, rec *recorder) {
+	nodeClient(ctx, t, rec, url, "reopen")
+}
+
+func nodeClient(ctx context.Context, t *testing.T, rec *recorder, args ...string) {
 	dir := nodeDir(t)
-	cmd := exec.CommandContext(ctx, "node", "client.mjs", url)
+	cmd := exec.CommandContext(ctx, "node", append([]string{"client.mjs"}, args...)...)
 	cmd.Dir = dir
 	cmd.WaitDelay = 2 * time.Second
 	cmd.Stderr = os.Stderr
@@ -240,13 +273,14 @@ func runNode(ctx context.Context, t *testing.T, url string, rec *recorder) {
 			Type, ID, Data string
 			ReadyState     int
 			Message        string
+			Reopen         bool
 		}
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			t.Errorf("node: %q: %v", sc.Bytes(), err)
 			continue
 		}
 		if m.Type == "error" {
-			if m.ReadyState == 2 && ctx.Err() == nil { // CLOSED: it gave up
+			if m.ReadyState == 2 && !m.Reopen && ctx.Err() == nil { // CLOSED: it gave up
 				rec.stop(errors.New(m.Message))
 			}
 			continue

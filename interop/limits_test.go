@@ -3,7 +3,9 @@ package interop
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,7 +36,7 @@ func TestBigPayload(t *testing.T) {
 		{client{"npm eventsource", runNode}, true},
 	} {
 		t.Run(tc.client.name, func(t *testing.T) {
-			if tc.client.name == "npm eventsource" {
+			if strings.HasPrefix(tc.client.name, "npm") {
 				nodeDir(t)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
@@ -112,5 +114,77 @@ func TestR3labsBackOffClock(t *testing.T) {
 	t.Logf("stopped %v (%v), requests %d", stopped, err, s.front.logLen())
 	if !stopped || s.front.logLen() != 1 {
 		t.Errorf("r3labs/sse: stopped %v after %d requests; docs/clients.md says it gives up at its first error, without a reconnect", stopped, s.front.logLen())
+	}
+}
+
+// r3labs/sse's default ReconnectStrategy does not watch the context given
+// to SubscribeWithContext: cancelled while the server is unreachable, the
+// subscription goes on retrying until the back-off's MaxElapsedTime (15
+// minutes by default; 1 s here). backoff.WithContext ends it at once.
+func TestR3labsCancelWhileDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String() + "/"
+	ln.Close() // nothing listens: every attempt is refused
+	for _, tc := range []struct {
+		name        string
+		withContext bool
+		retriesOn   bool // attempts after the cancel
+	}{
+		{"default", false, true},
+		{"backoff.WithContext", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			b := backoff.NewExponentialBackOff()
+			b.InitialInterval = 50 * time.Millisecond
+			b.MaxElapsedTime = time.Second
+			c := r3sse.NewClient(url)
+			c.ReconnectStrategy = b
+			if tc.withContext {
+				c.ReconnectStrategy = backoff.WithContext(b, ctx)
+			}
+			var (
+				mu        sync.Mutex
+				cancelled bool // guarded by mu
+				attempts  int  // guarded by mu: retries notified after the cancel
+				once      sync.Once
+			)
+			first := make(chan struct{})
+			c.ReconnectNotify = func(error, time.Duration) {
+				once.Do(func() { close(first) })
+				mu.Lock()
+				defer mu.Unlock()
+				if cancelled {
+					attempts++
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- c.SubscribeRawWithContext(ctx, func(*r3sse.Event) {}) }()
+			select {
+			case <-first:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no attempt")
+			}
+			mu.Lock()
+			cancelled = true
+			mu.Unlock()
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("Subscribe still running 5 s after its context ended")
+			}
+			mu.Lock()
+			after := attempts
+			mu.Unlock()
+			t.Logf("attempts after the cancel: %d", after)
+			if (after > 0) != tc.retriesOn {
+				t.Errorf("%d attempts after the cancel; docs/clients.md says some: %v", after, tc.retriesOn)
+			}
+		})
 	}
 }

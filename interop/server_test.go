@@ -88,10 +88,9 @@ func (b *board) until(ctx context.Context, ok func() bool) bool {
 
 // request is what the front saw of one request that reached it.
 type request struct {
-	lastEventID    string
-	hasLastEventID bool
-	answer         string // "503", "stream" (a hello was sent), "overload", "ended"; "" while waiting
-	admitted       bool   // the hub sent it a hello
+	cursor   string // Last-Event-ID, or else the lastEventId query parameter; "" for none
+	answer   string // "503", "stream" (a hello was sent), "overload", "ended"; "" while waiting
+	admitted bool   // the hub sent it a hello
 }
 
 // blockerHeader marks the harness's own requests, which pass the front
@@ -124,9 +123,10 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		hub.ServeHTTP(w, r)
 		return
 	}
-	req := &request{}
-	req.lastEventID = r.Header.Get("Last-Event-ID")
-	_, req.hasLastEventID = r.Header["Last-Event-Id"]
+	req := &request{cursor: r.Header.Get("Last-Event-ID")} // the header first, as the hub reads it
+	if req.cursor == "" {
+		req.cursor = r.URL.Query().Get("lastEventId")
+	}
 	var gate chan struct{}
 	f.update(func() {
 		f.log = append(f.log, req)
