@@ -166,7 +166,7 @@ func TestClients(t *testing.T) {
 				var got outcome
 				t.Run(e.name, func(t *testing.T) {
 					got = runCase(t, c, e)
-					t.Logf("%s: %s, gap %v, Last-Event-ID %s, answers %v, messages %v, empty frames %d, stopped: %v",
+					t.Logf("%s: %s, gap %v, cursor %s, answers %v, messages %v, empty frames %d, stopped: %v",
 						e.doc, got.verdict, got.gap, got.lastID, got.answers, got.messages, got.empty, got.stopErr)
 					want, ok := expected[c.name][e.name]
 					if !ok {
