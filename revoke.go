@@ -68,6 +68,23 @@ func onRevoked(ctx context.Context, cancel func()) (stop func()) {
 	}
 }
 
+// isRevoked reports whether a revocation context ctx carries is done. The
+// watch (onRevoked) ends a stream's context from another goroutine, soon
+// but not at once; a request checks this before each step that reads the
+// log or writes an event, so that a revocation done before the step
+// stops it, whatever the watch's goroutine is doing. It costs a context
+// lookup, and nothing per stream.
+func isRevoked(ctx context.Context) bool {
+	for _, rc := range revocations(ctx) {
+		select {
+		case <-rc.Done():
+			return true
+		default:
+		}
+	}
+	return false
+}
+
 // revocable returns r with a context that also ends when a revocation
 // context r carries is done, and the function that releases it once the
 // stream ended; r itself, and a no-op, without revocations.
