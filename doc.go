@@ -62,8 +62,10 @@
 // request a context that ends with the user's access (a session's, a
 // membership's), and once it is done the stream ends, detached or not, and
 // a waiting long poll is answered with no events, as if its wait ran out;
-// the client comes back and Authorize decides again. A stream also ends
-// when its request's context is done.
+// the client comes back and Authorize decides again. A request revoked
+// before it is served or while it is set up gets no event: a stream ends
+// before its hello, a poll gets 403 (see WithRevocation). A stream also
+// ends when its request's context is done.
 // SSEOptions.MaxConnections caps the open streams: past it a request gets
 // 200 with only a retry field, and an EventSource comes back by itself
 // between 1x and 2x SSEOptions.OverloadRetry later.
@@ -329,10 +331,12 @@
 //   - A stream watches its request's revocation contexts (WithRevocation)
 //     with context.AfterFunc while it runs and unregisters when it ends, so
 //     a session's context shared by many short streams holds nothing of
-//     theirs; a context already done ends the stream right after it starts.
-//     A long poll watches them only while it waits: a poll that has events
-//     to answer answers them. The select that ends a stream on revocation
-//     may still send a frame already due, as when its client leaves.
+//     theirs. The watch ends the stream from another goroutine, so the
+//     stream also looks at them itself, without a goroutine, before each
+//     log read and each write: a context already done when a stream starts
+//     ends it before its hello, and nothing read after a revocation is
+//     written. A long poll watches them only while it waits, and looks at
+//     them before and after each read.
 //   - Nothing reads a detached connection, so its client's leaving is not
 //     seen by net/http. On Linux one epoll instance per process (one
 //     goroutine, started with the first detached stream and stopped with the
