@@ -325,9 +325,8 @@
 //     request's context values, and the request without its headers, which
 //     were read at admission. A MaxConnections slot is held until the
 //     detached stream ends. A detached stream that ends before its first
-//     write (its client left, or its access was revoked, during the
-//     handshake) still sends its head, as net/http does for a handler that
-//     wrote nothing.
+//     write (its client left during the handshake) still sends its head,
+//     as net/http does for a handler that wrote nothing.
 //   - A stream watches its request's revocation contexts (WithRevocation)
 //     with context.AfterFunc while it runs and unregisters when it ends, so
 //     a session's context shared by many short streams holds nothing of
