@@ -115,8 +115,8 @@ func (h *EventHub) endDetached(cw *connWriter, r *http.Request, end func()) {
 		buf = buf[:runtime.Stack(buf, false)]
 		h.logger.Error("replayd: panic serving a detached stream", "remote", r.RemoteAddr, "panic", fmt.Sprint(p), "stack", string(buf))
 	} else if !cw.head {
-		// It ended before its first write (its client left, or its access
-		// was revoked, during the handshake): the head still goes, as
+		// It ended before its first write (its client left during the
+		// handshake; a revoked one writes why): the head still goes, as
 		// net/http sends one for a handler that returns without writing
 		// (not for one that panics), so a client still there sees an
 		// empty response end, not a broken one.

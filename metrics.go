@@ -55,8 +55,9 @@ type Metrics struct {
 	// Requests refused, by the answer they got
 	// (replayd_requests_refused_total, reason "overload", "forbidden",
 	// "unauthenticated", "origin", "bad_request"): over MaxConnections;
-	// Authorize's 403 and 401; a disallowed Origin (403); a bad topic or
-	// poll parameter (400).
+	// Authorize's 403 and 401, and a request revoked before it was served
+	// (WithRevocation) under "forbidden"; a disallowed Origin (403); a bad
+	// topic or poll parameter (400).
 	RefusedOverload, RefusedForbidden, RefusedUnauthenticated,
 	RefusedOrigin, RefusedBadRequest uint64
 

@@ -205,7 +205,16 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 	}()
 	cursor, fresh := p.cursor, p.fresh
 	for {
+		// A revocation is checked before each read and after it, before
+		// anything read is answered: its watch runs elsewhere, and only
+		// once the poll waits.
+		if isRevoked(ctx) {
+			return h.revokedPoll(w, ans, releaseCap != nil)
+		}
 		pg, err := h.readPoll(ctx, topics, cursor, fresh, p.limit)
+		if isRevoked(ctx) {
+			return h.revokedPoll(w, ans, releaseCap != nil)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ans, 0
@@ -277,6 +286,20 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 			return ans, 0
 		}
 	}
+}
+
+// revokedPoll answers a poll whose access was revoked (WithRevocation)
+// before its answer was built. One that waited is answered as if its wait
+// had run out: ans, with no events, holds what its last read answered
+// before the wait. One revoked before it waited is refused with 403, as by
+// Authorize; nothing it read is answered.
+func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited bool) (pollAnswer, int) {
+	if waited {
+		return ans, http.StatusOK
+	}
+	h.metrics.refused(refusedForbidden)
+	http.Error(w, "access revoked", http.StatusForbidden)
+	return ans, 0
 }
 
 // readPoll reads a poll's page under a read slot: for a fresh request only

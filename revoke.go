@@ -27,8 +27,28 @@ import (
 //
 // and logging out cancels session.ctx. Only revoked's Done is used, not
 // its values. Calling WithRevocation again on the result adds revoked to
-// those it carries: the stream ends when any of them is done. A context
-// already done ends the stream right after it starts.
+// those it carries: the request loses its access when any of them is done.
+//
+// Nothing the log holds reaches a request after revoked is done, however
+// the revocation and the request's setup interleave: the hub looks at
+// revoked before each log read and before each write, not only through the
+// watch that ends the stream. A request whose revoked is done before it is
+// served (when it arrives, or while Authorize runs) is refused, counted
+// under "forbidden" (Metrics.RefusedForbidden):
+//
+//   - an SSE stream gets 200 text/event-stream holding a comment only, no
+//     hello: a stream that ends, as one revoked later does, so that an
+//     EventSource reconnects and Authorize decides (a 403 would make it
+//     stop for good, whoever logs in next in that page);
+//   - a poll, immediate or long, gets 403 "access revoked".
+//
+// A stream revoked while it is set up ends before its hello if the hello
+// was not written yet (during its first log read, say), and otherwise
+// writes nothing it read after the revocation: a replay ends after the
+// page being written. A poll revoked during its log read gets 403 as
+// above; one revoked in the read that follows a wake is answered as if its
+// wait had run out. Only a write already under way when revoked is done
+// may still arrive, as when a client leaves.
 func WithRevocation(parent, revoked context.Context) context.Context {
 	prev := revocations(parent)
 	all := make([]context.Context, len(prev), len(prev)+1)
@@ -66,6 +86,23 @@ func onRevoked(ctx context.Context, cancel func()) (stop func()) {
 			s()
 		}
 	}
+}
+
+// isRevoked reports whether a revocation context ctx carries is done. The
+// watch (onRevoked) ends a stream's context from another goroutine, soon
+// but not at once; a request checks this before each step that reads the
+// log or writes an event, so that a revocation done before the step
+// stops it, whatever the watch's goroutine is doing. It costs a context
+// lookup, and nothing per stream.
+func isRevoked(ctx context.Context) bool {
+	for _, rc := range revocations(ctx) {
+		select {
+		case <-rc.Done():
+			return true
+		default:
+		}
+	}
+	return false
 }
 
 // revocable returns r with a context that also ends when a revocation

@@ -121,6 +121,13 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 			http.StatusInternalServerError)
 		return
 	}
+	if isRevoked(r.Context()) {
+		// Revoked before it was served: refused, as by Authorize, but in
+		// a way that makes an EventSource come back (see WithRevocation).
+		h.metrics.refused(refusedForbidden)
+		endEarly(w, "access revoked")
+		return
+	}
 	topic := "" // the single topic, for the hello and HeartbeatData
 	if len(topics) == 1 {
 		topic = topics[0]
@@ -162,7 +169,18 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		readFrom = cursor
 	}
 	ctx := r.Context()
+	// A revocation is checked before the log is read and again before the
+	// hello is written: its watch cancels ctx from another goroutine, and
+	// may not have yet.
+	if isRevoked(ctx) {
+		endEarly(w, "access revoked")
+		return
+	}
 	hs, err := h.readHandshake(ctx, topics, readFrom)
+	if isRevoked(ctx) {
+		endEarly(w, "access revoked")
+		return
+	}
 	if err != nil {
 		switch {
 		case errors.Is(err, ErrClosed):
@@ -205,7 +223,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		replayed, ok = h.replay(ctx, w, s, topics, hs)
 	}
 	h.metrics.replayed(transportSSE, replayed)
-	if !ok {
+	if !ok || isRevoked(ctx) {
 		return
 	}
 	if h.testHookBeforeLive != nil {
@@ -239,7 +257,7 @@ func (h *EventHub) liveLoop(s *stream, w http.ResponseWriter, ctx context.Contex
 		select {
 		case <-s.wake:
 			q, ok := s.take()
-			if !ok {
+			if !ok || isRevoked(ctx) {
 				return
 			}
 			ok = s.send(w, func(b []byte) []byte {
@@ -256,6 +274,9 @@ func (h *EventHub) liveLoop(s *stream, w http.ResponseWriter, ctx context.Contex
 				return
 			}
 		case now := <-heartbeat:
+			if isRevoked(ctx) {
+				return
+			}
 			var extra any
 			if o.HeartbeatData != nil {
 				extra = o.HeartbeatData(topic)
@@ -307,7 +328,7 @@ const (
 // It returns how many events it wrote, and false if the stream must end.
 func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs handshake) (n int, ok bool) {
 	for after := hs.from - 1; after < hs.head; {
-		if !h.acquireRead(ctx) {
+		if isRevoked(ctx) || !h.acquireRead(ctx) {
 			return n, false
 		}
 		var (
@@ -320,6 +341,8 @@ func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream,
 		})
 		h.releaseRead()
 		switch {
+		case isRevoked(ctx):
+			return n, false // nothing read after a revocation is written
 		case err != nil:
 			if ctx.Err() == nil {
 				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)

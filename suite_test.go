@@ -93,6 +93,7 @@ var servedDetached = map[string]bool{
 	"SSETopicQueryStrict":                       true,
 	"SSEDeniedTopicNeverVisible":                true,
 	"SSERevokedSessionEndsStream":               true,
+	"RevokedBeforeServedGetsNothing":            true,
 	"SSEOverHTTP2":                              false,
 }
 

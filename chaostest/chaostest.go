@@ -35,14 +35,17 @@
 // two pruners, restarts of hub B, server-side kills of hub A's connections,
 // 28 SSE clients (fresh, resumed, stale, future and invalid cursors, by
 // header or query; dropping, or stalling until MaxBufferedBytes cuts them
-// off) and 8 poll clients run at once. A fence event ends it: every client
+// off) and 8 poll clients run at once, some of their requests' access
+// revoked (replayd.WithRevocation) before they are sent or while they are
+// set up and served. A fence event ends it: every client
 // must reach it. Then the oracle checks every frame of every connection and
 // every poll answer against a ledger of what Publish returned, cross-checked
 // with the log: handshake shape, a head no older than what was committed
 // before the request, strictly increasing real ids with exact
 // type, topic and data, every visible event above the cursor delivered or
 // inside the gap's range, honest pruned gaps, replay within the limit, no
-// denied scope served, overload answers in range; and each hub's in-process
+// denied scope served, nothing served to a request revoked before it was
+// sent, overload answers in range; and each hub's in-process
 // subscriber saw every unpruned event in order.
 //
 // Every random choice comes from Config.Seed, so a failing seed replays the
@@ -172,6 +175,7 @@ type env struct {
 		pruneCalls, pruned, restarts, resyncs, kills          atomic.Int64
 		badStatus, dropped                                    atomic.Int64
 		forbidden, overloaded, servedAfterOverload            atomic.Int64
+		revokedBefore, revokedWhileServed                     atomic.Int64
 	}
 }
 
@@ -276,14 +280,14 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 	muxA := http.NewServeMux()
 	muxA.Handle("/events", e.hubA.Handler())
 	muxA.Handle("/poll", e.hubA.PollHandler())
-	e.urlA, e.connsA = serve(t, muxA)
-	e.urlB, _ = serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e.urlA, e.connsA = serve(t, revocable(muxA))
+	e.urlB, _ = serve(t, revocable(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/poll" {
 			e.hubB.Load().PollHandler().ServeHTTP(w, r)
 			return
 		}
 		e.hubB.Load().Handler().ServeHTTP(w, r)
-	}))
+	})))
 	transport := &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -403,6 +407,54 @@ func serve(t *testing.T, h http.Handler) (string, *listener) {
 	return srv.URL, l
 }
 
+// revocable puts a revocation context on each request whose query has a
+// revoke parameter (replayd.WithRevocation), as an application's session
+// middleware does, and revokes it as the parameter says: "before" the hub
+// sees the request, or a delay after it arrived ("7ms"): while it is set
+// up or served.
+func revocable(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		when := r.URL.Query().Get("revoke")
+		if when == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		revoked, revoke := context.WithCancel(context.Background())
+		if d, err := time.ParseDuration(when); err == nil {
+			time.AfterFunc(d, revoke)
+		} else {
+			revoke()
+		}
+		next.ServeHTTP(w, r.WithContext(replayd.WithRevocation(r.Context(), revoked)))
+	})
+}
+
+// drawRevocation draws whether, and how, a request's access is revoked: a
+// twentieth before it is sent, a tenth within 40 ms of its arrival (mostly
+// while it is set up). rng is the client's own for this, so the rest of
+// its choices are those of a run without revocations.
+func drawRevocation(rng *rand.Rand) (how string, after time.Duration) {
+	switch r := rng.IntN(20); {
+	case r == 0:
+		return RevokedBefore, 0
+	case r < 3:
+		return RevokedWhileServed, time.Duration(rng.IntN(40_000)) * time.Microsecond
+	}
+	return "", 0
+}
+
+// revokeParam is the revoke parameter for a request revoked as how says
+// (revocable), "" for none.
+func revokeParam(how string, after time.Duration) string {
+	switch how {
+	case RevokedBefore:
+		return "before"
+	case RevokedWhileServed:
+		return after.String()
+	}
+	return ""
+}
+
 // listener keeps every connection it accepted, so that all can be closed
 // under the server at once (a server-side kill): net/http forgets a
 // connection once a handler hijacks it.
@@ -520,6 +572,8 @@ func (e *env) check(results []clientResult, subA, subB *Subscriber, elapsed time
 		ps.forbidden.Load(), ps.overloaded.Load(), ps.closedB.Load(), ps.dropped.Load(), ps.badRequests.Load())
 	t.Logf("hub A refused %d requests by Authorize and %d by MaxConnections; %d connections retried after the overload answer were served",
 		e.stats.forbidden.Load(), e.stats.overloaded.Load(), e.stats.servedAfterOverload.Load())
+	t.Logf("revoked: %d SSE connections before they were sent, %d while served; %d polls before they were sent, %d while served, %d of all these polls refused 403",
+		e.stats.revokedBefore.Load(), e.stats.revokedWhileServed.Load(), ps.revokedBefore.Load(), ps.revokedWhileServed.Load(), ps.revokedRefused.Load())
 	if len(rep.Violations) > 0 {
 		t.Errorf("%d violations of the guarantee; seed %d", len(rep.Violations), e.seed)
 	}

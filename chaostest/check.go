@@ -336,6 +336,9 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		}
 		return st, nil
 	}
+	if c.Revoked == RevokedBefore && (len(fs) > 0 || c.heartbeats > 0) {
+		return st, fmt.Errorf("its access was revoked before it was sent, yet it got %d frames and %d heartbeats", len(fs), c.heartbeats)
+	}
 	if want := srv.Retry.Milliseconds(); want > 0 && len(fs) > 0 {
 		if fs[0].kind != 'r' || fs[0].data != strconv.FormatInt(want, 10) {
 			return st, fmt.Errorf("first frame is not retry: %d", want)

@@ -69,8 +69,11 @@ func (v *view) checkPoll(s *PollSession, p *Poll) (int, error) {
 		if denied {
 			return 0, errors.New("answered a scope Authorize denies")
 		}
+		if p.Revoked == RevokedBefore {
+			return 0, errors.New("answered a poll whose access was revoked before it was sent")
+		}
 	case http.StatusForbidden:
-		if !denied {
+		if !denied && p.Revoked == "" {
 			return 0, errors.New("403 for a scope Authorize grants")
 		}
 		return 0, nil

@@ -37,6 +37,7 @@ type pollState struct {
 
 	polls, answers, longPolls, events, fromSSE           atomic.Int64
 	overloaded, forbidden, closedB, dropped, badRequests atomic.Int64
+	revokedBefore, revokedWhileServed, revokedRefused    atomic.Int64
 }
 
 // startPollClients starts the poll clients on wg; their results are in
@@ -60,6 +61,8 @@ func (e *env) startPollClients(seed uint64, wg *sync.WaitGroup) {
 // of its answers reaches the fence.
 func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*PollSession, reached bool) {
 	lastID, lastVisit := "", Visit(nil)
+	// drawRevocation's own, so the other choices are a run's without.
+	revRng := rand.New(rand.NewPCG(e.seed, uint64(4000+idx)))
 	for {
 		select {
 		case <-e.finishDeadline:
@@ -114,11 +117,22 @@ func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*PollSession, reac
 			if fin || rng.IntN(2) == 0 {
 				wait = time.Duration(50+rng.IntN(1500)) * time.Millisecond
 			}
-			p := e.pollOnce(s, cursor, limit, wait)
+			var revoked string
+			var revokeAfter time.Duration
+			if !fin {
+				revoked, revokeAfter = drawRevocation(revRng)
+			}
+			p := e.pollOnce(s, cursor, limit, wait, revoked, revokeAfter)
 			s.Polls = append(s.Polls, p)
 			if s.Mode == "invalid" {
 				s.End = "invalid cursor"
 				break
+			}
+			if p.Status == http.StatusForbidden && p.Revoked != "" && !s.Server.denies(s.Topics) {
+				// Its access was revoked: the client signs in again and
+				// polls again from the same cursor.
+				e.polls.revokedRefused.Add(1)
+				continue
 			}
 			if p.Status == http.StatusForbidden {
 				s.End = "refused by Authorize"
@@ -166,9 +180,10 @@ func finishing(finish <-chan struct{}) bool {
 	}
 }
 
-// pollOnce makes one poll request and records its answer.
-func (e *env) pollOnce(s *PollSession, cursor string, limit int, wait time.Duration) *Poll {
-	p := &Poll{Sent: cursor, Limit: limit, Wait: wait, Known: e.ledger.Max(), Start: e.timeline.Since()}
+// pollOnce makes one poll request and records its answer; its access is
+// revoked as revoked and revokeAfter say (drawRevocation).
+func (e *env) pollOnce(s *PollSession, cursor string, limit int, wait time.Duration, revoked string, revokeAfter time.Duration) *Poll {
+	p := &Poll{Sent: cursor, Limit: limit, Wait: wait, Known: e.ledger.Max(), Start: e.timeline.Since(), Revoked: revoked}
 	defer func() { p.Stop = e.timeline.Since() }()
 	e.polls.polls.Add(1)
 	if wait > 0 {
@@ -181,6 +196,14 @@ func (e *env) pollOnce(s *PollSession, cursor string, limit int, wait time.Durat
 	q.Set("limit", strconv.Itoa(limit))
 	if wait > 0 {
 		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', 3, 64))
+	}
+	if rp := revokeParam(revoked, revokeAfter); rp != "" {
+		q.Set("revoke", rp)
+		if revoked == RevokedBefore {
+			e.polls.revokedBefore.Add(1)
+		} else {
+			e.polls.revokedWhileServed.Add(1)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait+waitFor)
 	defer cancel()

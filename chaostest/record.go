@@ -69,6 +69,10 @@ type Conn struct {
 	// was sent (Ledger.Max then): the hello's head must be at least this.
 	// 0 checks nothing.
 	Known int64
+	// Revoked says how the request's access was revoked
+	// (replayd.WithRevocation): RevokedBefore, RevokedWhileServed, or ""
+	// for not at all.
+	Revoked string
 
 	// For traces and statistics only.
 	ID          int
@@ -79,10 +83,21 @@ type Conn struct {
 	End         string // what ended it
 	Start, Stop time.Duration
 
-	hub        string // Run's clients: "A" or "B"
-	frames     []frame
-	heartbeats int
+	hub         string        // Run's clients: "A" or "B"
+	revokeAfter time.Duration // Run's clients: when RevokedWhileServed, how long after the request arrived
+	frames      []frame
+	heartbeats  int
 }
+
+// How a request's access was revoked (Conn.Revoked, Poll.Revoked). A
+// request revoked before it was sent must get nothing of the log: an SSE
+// stream that ends before its hello (200, no frame), a poll 403. One
+// revoked at some moment while it is served may end anywhere, a poll may
+// be refused (403) or answered; what it got is checked as any other.
+const (
+	RevokedBefore      = "before"
+	RevokedWhileServed = "while served"
+)
 
 // Visit is a *Conn or a *PollSession: one visit of a client to a hub,
 // which a later one may resume from (After).
@@ -245,6 +260,8 @@ type Poll struct {
 	// was sent (Ledger.Max then): the answer's head must be at least
 	// this. 0 checks nothing.
 	Known int64
+	// Revoked says how the request's access was revoked, as Conn.Revoked.
+	Revoked string
 
 	Status      int    // 0: no answer (the request failed)
 	RetryAfter  string // the Retry-After header

@@ -29,6 +29,8 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 	var res clientResult
 	lastID, lastVisit := "", Visit(nil)
 	sticky := idx%5 == 0 // a few clients mostly stay connected
+	// drawRevocation's own, so the other choices are a run's without.
+	revRng := rand.New(rand.NewPCG(e.seed, uint64(3000+idx)))
 	for {
 		finishing := false
 		select {
@@ -71,6 +73,9 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 		if rng.IntN(4) == 0 {
 			c.Via = "query"
 		}
+		if !finishing {
+			c.Revoked, c.revokeAfter = drawRevocation(revRng)
+		}
 		// How this connection reads and when it drops.
 		var life time.Duration // 0: until the server ends it or the finish
 		var closeAfter int     // close after this many frames; 0: never
@@ -107,7 +112,8 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 			}
 			prev := c
 			c = &Conn{ID: int(e.connSeq.Add(1)), Client: prev.Client, hub: prev.hub, Server: prev.Server, Topics: prev.Topics,
-				Mode: prev.Mode, Sent: prev.Sent, After: prev.After, Via: prev.Via, Behaviour: prev.Behaviour}
+				Mode: prev.Mode, Sent: prev.Sent, After: prev.After, Via: prev.Via, Behaviour: prev.Behaviour,
+				Revoked: prev.Revoked, revokeAfter: prev.revokeAfter}
 			select {
 			case <-e.finish:
 				life, closeAfter, pauseAfter = 0, 0, 0
@@ -172,6 +178,14 @@ func (e *env) run(c *Conn, life time.Duration, closeAfter, pauseAfter int, pause
 	q := scopeQuery(c.Topics)
 	if c.Sent != "" && c.Via == "query" {
 		q.Set("lastEventId", c.Sent)
+	}
+	if p := revokeParam(c.Revoked, c.revokeAfter); p != "" {
+		q.Set("revoke", p)
+		if c.Revoked == RevokedBefore {
+			e.stats.revokedBefore.Add(1)
+		} else {
+			e.stats.revokedWhileServed.Add(1)
+		}
 	}
 	u := e.url(c.hub, "/events", q)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -2,6 +2,7 @@ package hubtest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -354,5 +355,111 @@ func testSSEDeniedTopicNeverVisible(t *testing.T, newLog func(t *testing.T) open
 	defer hbMu.Unlock()
 	if len(hbTopics) != 1 || !hbTopics["a"] {
 		t.Fatalf("HeartbeatData called for %v, want only a", hbTopics)
+	}
+}
+
+// A request whose access is revoked before it is served gets no event, on
+// either transport (issue 17): revoked before it arrived (its revocation
+// context already done) or while it was admitted (here: inside
+// Authorize, after the middleware put the revocation on it). An SSE
+// stream ends before its hello, a 200 text/event-stream holding a comment
+// only, on both paths (TestHubSuite/Detached); a poll, immediate or long,
+// gets 403 and no answer. Each is counted as refused "forbidden". Many
+// times over: the revocation watch runs on another goroutine, and it used
+// to race the handshake, the hello and the replay.
+func testRevokedBeforeServedGetsNothing(t *testing.T, newLog func(t *testing.T) opener) {
+	rounds := 200
+	if testing.Short() {
+		rounds = 20
+	}
+	type revokeKey struct{}
+	open := newLog(t)
+	h := open(replayd.Options{
+		SSE: replayd.SSEOptions{HeartbeatInterval: -1},
+		Authorize: func(r *http.Request, _ []string) error {
+			if revoke, ok := r.Context().Value(revokeKey{}).(context.CancelFunc); ok {
+				revoke()
+			}
+			return nil
+		},
+	})
+	// ?revoke=before: the revocation is done when the request arrives;
+	// ?revoke=admitted: Authorize revokes it.
+	mux := http.NewServeMux()
+	withRevocation := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			revoked, revoke := context.WithCancel(context.Background())
+			ctx := r.Context()
+			if r.URL.Query().Get("revoke") == "before" {
+				revoke()
+			} else {
+				ctx = context.WithValue(ctx, revokeKey{}, revoke)
+			}
+			next.ServeHTTP(w, r.WithContext(replayd.WithRevocation(ctx, revoked)))
+		})
+	}
+	mux.Handle("/events", withRevocation(h.Handler()))
+	mux.Handle("/poll", withRevocation(h.PollHandler()))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	var head int64
+	for i := range 30 {
+		head = mustPublish(t, h, "room", i).Sequence
+	}
+
+	requests := 0
+	for _, when := range []string{"before", "admitted"} {
+		// SSE, resuming from 0: a hello and 30 events if it were served.
+		streams, framed, frames := 0, 0, 0
+		for range rounds {
+			c, status := wiretest.DialStatus(t, srv.URL+"/events?topic=room&revoke="+when, wiretest.LastID(0))
+			if status != http.StatusOK {
+				t.Fatalf("revoked %s: status %d, want 200 (a stream that ends)", when, status)
+			}
+			if ct := c.Response().Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+				t.Fatalf("revoked %s: Content-Type %q: an EventSource would not reconnect", when, ct)
+			}
+			n := len(c.Rest())
+			c.Close()
+			streams++
+			frames += n
+			if n > 0 {
+				framed++
+			}
+		}
+		requests += streams
+		if framed > 0 {
+			t.Errorf("SSE revoked %s: %d of %d streams got frames (%d frames: hello and replay); want none",
+				when, framed, streams, frames)
+		}
+
+		// Polls: immediate and long, with events to answer or without.
+		for _, q := range []string{"cursor=0", "", "cursor=0&wait=5", fmt.Sprintf("cursor=%d&wait=5", head)} {
+			answered, events := 0, 0
+			for range rounds {
+				status, _, body := wiretest.GetPoll(t, srv.URL, "topic=room&revoke="+when+"&"+q)
+				if status == http.StatusOK {
+					answered++
+					var p wiretest.PollAnswer
+					if err := json.Unmarshal(body, &p); err != nil {
+						t.Fatalf("poll %q: %v: %s", q, err, body)
+					}
+					events += len(p.Events)
+				} else if status != http.StatusForbidden {
+					t.Fatalf("poll %q revoked %s: status %d %s, want 403", q, when, status, body)
+				}
+			}
+			requests += rounds
+			if answered > 0 {
+				t.Errorf("poll %q revoked %s: %d of %d answered 200 (%d events); want 403", q, when, answered, rounds, events)
+			}
+		}
+	}
+	wiretest.WaitUntil(t, "no stream or poll left", func() bool {
+		m := h.Metrics()
+		return h.Clients().Total() == 0 && m.SSEConnections == 0 && m.PollConnections == 0
+	})
+	if m := h.Metrics(); m.RefusedForbidden != uint64(requests) {
+		t.Errorf("%d requests refused forbidden, want every one of %d", m.RefusedForbidden, requests)
 	}
 }

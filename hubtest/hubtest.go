@@ -131,6 +131,7 @@ var subtests = []struct {
 	{"SSERevokedContextEndsStream", testSSERevokedContextEndsStream},
 	{"SSERevokedSessionEndsStream", testSSERevokedSessionEndsStream},
 	{"SSEDeniedTopicNeverVisible", testSSEDeniedTopicNeverVisible},
+	{"RevokedBeforeServedGetsNothing", testRevokedBeforeServedGetsNothing},
 	// subscribe.go
 	{"SubscribeGapWhenRowsPrunedBeforeLiveDelivery", testSubscribeGapWhenRowsPrunedBeforeLiveDelivery},
 }

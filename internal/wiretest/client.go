@@ -242,3 +242,21 @@ func (c *Client) Ended(what string) {
 		}
 	}
 }
+
+// Rest reads the stream to its clean end and returns every frame read on
+// the way, failing the test if it does not end within WaitFor or ends
+// otherwise.
+func (c *Client) Rest() []Frame {
+	c.t.Helper()
+	var fs []Frame
+	for {
+		f, err := c.NextErr(WaitFor)
+		switch {
+		case errors.Is(err, io.EOF):
+			return fs
+		case err != nil:
+			c.t.Fatalf("after %d frames: %v; want the stream to end", len(fs), err)
+		}
+		fs = append(fs, f)
+	}
+}
