@@ -13,13 +13,14 @@ import (
 // BenchmarkReadyDuringPublish measures what Ready's probe costs a publish
 // burst and whether it fails a healthy node: 64 goroutines publish through
 // one hub without pause, and each round (b.N counts them) runs three
-// phases of a second each, in turn: nothing else; Ready (2 s ctx, as
-// ReadyHandler) every 100 ms; and, for comparison, the probe NOWAIT would
-// be ("SELECT … FOR UPDATE NOWAIT" on the head row, rolled back) every
-// 100 ms from a connection of its own. It reports the publish rate of
-// each phase, their ratios, Ready's failures and latency (p50, max), and
-// how often NOWAIT found the lock taken: a Ready built on it would have
-// failed that often on a node whose every publish was getting through.
+// phases of a second each, in turn, each round starting with the next:
+// nothing else; Ready (2 s ctx, as ReadyHandler) every 100 ms; and, for
+// comparison, the probe NOWAIT would be ("SELECT … FOR UPDATE NOWAIT" on
+// the head row, rolled back) every 100 ms from a connection of its own.
+// It reports the publish rate of each phase, the ratio with Ready to
+// without, Ready's failures and latency (p50, max), and how often NOWAIT
+// found the lock taken: a Ready built on it would have failed that often
+// on a node whose every publish was getting through.
 func BenchmarkReadyDuringPublish(b *testing.B) {
 	prefix := testPrefix(b)
 	hub, _ := benchHub(b, prefix)
@@ -77,31 +78,42 @@ func BenchmarkReadyDuringPublish(b *testing.B) {
 	)
 	run(nil) // warm up
 	b.ResetTimer()
-	for range b.N {
-		plain += run(nil)
-		withReady += run(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			start := time.Now()
-			if err := hub.Ready(ctx); err != nil {
-				readyFails++
-				b.Log(err)
+	readyProbe := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		if err := hub.Ready(ctx); err != nil {
+			readyFails++
+			b.Log(err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	nowaitProbe := func() {
+		n++
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		tx, err := raw.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+prefix+`head WHERE id = 1 FOR UPDATE NOWAIT`); err != nil {
+			nowaitBusy++
+		}
+	}
+	for i := range b.N {
+		// The phases in turn, each round starting with another, so that
+		// none always follows the same one.
+		for k := range 3 {
+			switch (i + k) % 3 {
+			case 0:
+				plain += run(nil)
+			case 1:
+				withReady += run(readyProbe)
+			case 2:
+				withNowait += run(nowaitProbe)
 			}
-			lat = append(lat, time.Since(start))
-		})
-		withNowait += run(func() {
-			n++
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			tx, err := raw.Begin(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
-			if _, err := tx.Exec(ctx, `SELECT 1 FROM `+prefix+`head WHERE id = 1 FOR UPDATE NOWAIT`); err != nil {
-				nowaitBusy++
-			}
-		})
+		}
 	}
 	b.StopTimer()
 	slices.Sort(lat)
