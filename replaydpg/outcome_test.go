@@ -99,8 +99,8 @@ func rowCount(t testing.TB, pool *pgxpool.Pool, prefix, id string) int64 {
 // row's lock (another transaction holds it) when a proxy between them
 // cuts every connection and lets no new one through. Publish cannot know whether the event will be
 // stored, and must say so with ErrOutcomeUnknown; the server then gets
-// the lock and commits the event; publishing the same event id again
-// returns the stored event.
+// the lock and commits the event, which another node delivers; publishing
+// the same event id again returns the stored event.
 func TestPublishOutcomeUnknown(t *testing.T) {
 	dsn, prefix := testDSN(t), testPrefix(t)
 	px := newTestProxy(t, dsn)
@@ -114,6 +114,20 @@ func TestPublishOutcomeUnknown(t *testing.T) {
 	if _, err := hub.Publish(ctx, "t", "warm-up"); err != nil {
 		t.Fatal(err)
 	}
+	// Another node, on a store of its own, tailing the log.
+	other, err := replayd.NewWithStore(openPrefixDSN(t, prefix, dsn), replayd.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	stop, err := other.StartTail(time.Hour, replayd.TailOptions{}) // NOTIFY wakes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	delivered := make(chan replayd.Event, 16)
+	t.Cleanup(other.Subscribe(func(ev replayd.Event) { delivered <- ev }))
+
 	raw := testPool(t)
 	tx, pid := holdHead(t, raw, prefix)
 
@@ -148,6 +162,14 @@ func TestPublishOutcomeUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	seq := storedSequence(t, raw, prefix, "cut-1") // the server committed it all the same
+	select {
+	case got := <-delivered:
+		if got.EventID != "cut-1" || got.Sequence != seq {
+			t.Errorf("the other node delivered %+v, want cut-1 at %d", got, seq)
+		}
+	case <-ctx.Done():
+		t.Fatal("the other node did not deliver the event")
+	}
 	px.down.Store(false)
 
 	// The retry a caller makes on ErrOutcomeUnknown.

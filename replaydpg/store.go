@@ -92,10 +92,10 @@
 // UPDATE) makes Ready fail within its ctx, where a plain read would answer
 // nil while every publish waits. The server's lock_timeout ends the wait,
 // so a failed probe leaves nothing queued on the lock
-// (TestReadyHeadLocked). It does not use NOWAIT: the lock is taken most
-// of the time under a steady publish load (12-52% of NOWAIT probes found
-// it taken in BenchmarkReadyDuringPublish) while every publish gets
-// through within milliseconds.
+// (TestReadyHeadLocked). It does not use NOWAIT: the lock is taken much
+// of the time under a steady publish load (18-32% of NOWAIT probes found
+// it taken in BenchmarkReadyDuringPublish with fsync off, 56-83% with it
+// on) while every publish gets through within milliseconds.
 package replaydpg
 
 import (
