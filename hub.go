@@ -348,8 +348,10 @@ type publishRes struct {
 // A ctx that is already done stores nothing. If ctx ends while the event
 // is being committed, Publish returns an error wrapping both
 // ErrOutcomeUnknown and ctx's error: the event may or may not be stored.
-// WithEventID makes the retry safe. An error wrapping ErrClosed means
-// nothing was stored.
+// So does an error the store reports as ErrOutcomeUnknown (a connection to
+// a database server that broke after the batch was sent, say). WithEventID
+// makes the retry safe. An error wrapping ErrClosed means nothing was
+// stored.
 func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts ...PublishOption) (Event, error) {
 	po := publishOptions{eventType: h.opts.DefaultType}
 	for _, o := range opts {
@@ -493,6 +495,10 @@ func (h *EventHub) commit(batch []*publishReq) {
 	}
 	if err != nil {
 		switch {
+		case errors.Is(err, ErrOutcomeUnknown):
+			// The store cannot tell whether it committed (a connection
+			// lost, or Close's cancellation, after the batch was sent).
+			err = fmt.Errorf("replayd: publish: %w", err)
 		case h.writeCtx.Err() != nil:
 			// Close cancelled the commit. The cancellation reaches only
 			// BEGIN and the inserts (COMMIT runs without it), and a failed
@@ -643,7 +649,9 @@ func (h *EventHub) Clients() *TopicClientTracker { return h.clients }
 // every goroutine the hub started, and lets a publish already being
 // committed finish if it can within closeGrace (half a second). Past that —
 // another process holding the write lock, say — the commit is cancelled and
-// its publishes return ErrClosed: nothing was stored. So Close returns within
+// its publishes return ErrClosed: nothing was stored (or ErrOutcomeUnknown,
+// from a store that cannot tell, such as a database server that may have
+// received the batch already). So Close returns within
 // about a second whatever another process does. Should the writer not stop
 // even then (a cancelled database call that does not return), Close gives up
 // on it after another second, returns an error, and its publishes return

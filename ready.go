@@ -14,8 +14,10 @@ import (
 // without writing anything; the probe queues behind the store's own commits
 // instead of racing them for SQLite's lock, so it never stalls a publish; a
 // database that another connection keeps locked, or that is read-only,
-// makes it fail. It does not prove there is disk space left. ctx bounds the
-// whole check: give it a deadline. After Close it returns ErrClosed.
+// makes it fail. The PostgreSQL store (replaydpg) likewise queues for the
+// lock every append takes first, and fails when it cannot have it within
+// ctx. It does not prove there is disk space left. ctx bounds the whole
+// check: give it a deadline. After Close it returns ErrClosed.
 func (h *EventHub) Ready(ctx context.Context) error {
 	if h.isClosed() {
 		return ErrClosed

@@ -73,7 +73,8 @@ import (
 // no effect, with two exceptions: Prune reports the events it deleted before
 // the error (each batch of it is atomic); and Append, when its ctx ends or
 // its connection breaks after the batch was sent, may have committed the
-// whole batch: appending the same event ids again then returns the stored
+// whole batch: its error then wraps [ErrOutcomeUnknown] (which Publish
+// passes on), and appending the same event ids again returns the stored
 // originals as duplicates. Methods return promptly once ctx is done.
 //
 // A store is closed by whoever created it: [NewWithStore] never closes the

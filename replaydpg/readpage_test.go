@@ -5,125 +5,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/sseparse"
 )
-
-// countingProxy forwards connections to the server of dsn and counts the
-// bytes the server sends back. It returns a DSN that goes through it and
-// the count so far. It stops when the test ends (register it before the
-// stores that use it, so that they close first).
-func countingProxy(t testing.TB, dsn string) (string, *atomic.Int64) {
-	t.Helper()
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		ln     net.Listener
-		target string
-		proxy  string
-	)
-	network := "tcp"
-	if filepath.IsAbs(cfg.Host) {
-		// A unix socket: host is its directory, the file is named after the port.
-		network = "unix"
-		target = filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
-		dir, err := os.MkdirTemp("", "rdpx")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		ln, err = net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", cfg.Port)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		proxy = withDSNParam(dsn, "host", dir)
-	} else {
-		target = net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		proxy = withDSNParam(withDSNParam(dsn, "host", "127.0.0.1"), "port", strconv.Itoa(port))
-	}
-	var (
-		received atomic.Int64
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		conns    []net.Conn
-	)
-	track := func(c net.Conn) {
-		mu.Lock()
-		defer mu.Unlock()
-		conns = append(conns, c)
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial(network, target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			track(client)
-			track(server)
-			wg.Add(2)
-			go func() {
-				defer wg.Done()
-				io.Copy(server, client)
-				server.Close()
-			}()
-			go func() {
-				defer wg.Done()
-				io.Copy(countingWriter{client, &received}, server)
-				client.Close()
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return proxy, &received
-}
-
-// countingWriter adds what it writes to n.
-type countingWriter struct {
-	w io.Writer
-	n *atomic.Int64
-}
-
-func (c countingWriter) Write(p []byte) (int, error) {
-	k, err := c.w.Write(p)
-	c.n.Add(int64(k))
-	return k, err
-}
 
 // hexPayload is n bytes of random hex: text that PostgreSQL cannot
 // compress, so a large one is stored out of line (TOAST).

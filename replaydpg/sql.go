@@ -162,6 +162,15 @@ const (
 	ORDER BY b.i`
 )
 
+// qProbe is the first statement of ProbeWrite's pipeline (one implicit
+// transaction, qLock after it). For that transaction only, it sets $1 as
+// lock_timeout, and synchronous_commit off: the transaction writes nothing,
+// it only holds the head row's lock until its commit, which then need not
+// wait for a WAL flush. Its third column tells whether the server accepts
+// writes.
+const qProbe = `SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'off', true),
+	NOT pg_is_in_recovery() AND current_setting('default_transaction_read_only') = 'off'`
+
 // Reads.
 const (
 	qHead = `SELECT seq FROM %[1]shead WHERE id = 1`
