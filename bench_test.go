@@ -588,6 +588,10 @@ func BenchmarkTailIdlePoll(b *testing.B) {
 func BenchmarkPollAnswer(b *testing.B) {
 	h := benchHub(b)
 	const backlog = 5000
+	base, err := h.LatestSequence(context.Background()) // the sequence floor: cursors are relative to it
+	if err != nil {
+		b.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	for w := range 50 {
 		wg.Add(1)
@@ -606,7 +610,7 @@ func BenchmarkPollAnswer(b *testing.B) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	b.ReportAllocs()
 	for b.Loop() {
-		r := httptest.NewRequest("GET", "/poll?topic=p&limit=10&wait=0&cursor="+strconv.Itoa(rng.IntN(backlog-10)), nil)
+		r := httptest.NewRequest("GET", "/poll?topic=p&limit=10&wait=0&cursor="+strconv.FormatInt(base+rng.Int64N(backlog-10), 10), nil)
 		w := httptest.NewRecorder()
 		ph.ServeHTTP(w, r)
 		if w.Code != 200 || w.Body.Len() < 2000 {

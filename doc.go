@@ -14,12 +14,23 @@
 // # The model
 //
 // A hub ([New]) wraps a *sql.DB, usually from [OpenDB], and creates the schema
-// if it is missing: a table events and a table events_prune_watermarks.
-// [EventHub.Publish] commits one row and returns the [Event] with its
-// sequence. Sequences increase but need not be contiguous (a rejected
-// duplicate event id may use one up). The head ([EventHub.LatestSequence]) is
-// the highest sequence ever assigned; it never goes backwards, even when
-// retention has deleted every row.
+// if it is missing: a table events, a table events_prune_watermarks and a
+// table events_skips. [EventHub.Publish] commits one row and returns the
+// [Event] with its sequence. Sequences increase but need not be contiguous (a
+// rejected duplicate event id may use one up). The head
+// ([EventHub.LatestSequence]) is the highest sequence ever assigned; it never
+// goes backwards, even when retention has deleted every row.
+//
+// Sequences are never issued twice by a log, across restores from a backup,
+// rebuilds and restarts (SPEC §18): whenever a log is opened (New,
+// NewSQLiteStore), its head is raised to the clock in Unix microseconds, and
+// the sequences skipped are recorded, so a new log's first sequence is near
+// the clock (1.8e15 in 2026; ids stay below 2^53, exact as JavaScript
+// numbers, until the year 2255). A cursor inside a skipped range was issued
+// by another history (a copy of the log that went on before it was
+// restored): it gets an "unknown_cursor" gap. docs/restore.md tells how to
+// restore a log, what clients see, and the limits of the scheme (see Store,
+// "Log identity").
 //
 // Topics scope delivery. An event published on "room-42" reaches connections
 // on room-42 and global connections; an event published on "" is a broadcast
@@ -44,8 +55,10 @@
 //     exactly (missedFrom, missedThrough, missed);
 //   - "pruned": retention deleted events above the cursor; missed is null,
 //     because a deleted row cannot be counted;
-//   - "unknown_cursor": the cursor is above the head (the log was reset or
-//     replaced); the stream continues from the head;
+//   - "unknown_cursor": the log never issued the cursor: it is above the
+//     head (the log was reset or replaced), or inside a range of sequences
+//     the log skipped when it was opened (a log restored from a backup or
+//     rebuilt: see "Sequences" below); the stream continues from the head;
 //   - "invalid_cursor": the cursor is not a decimal integer in [0, 2^63-1];
 //     the stream continues from the head.
 //
