@@ -300,11 +300,15 @@ func dsnSets(dsn, key string) bool {
 
 // ensureSchema creates the tables in one transaction, under an advisory
 // lock so that nodes starting together do not race on CREATE ... IF NOT
-// EXISTS (which is not atomic against itself), and makes sure of the head
-// row (see raiseHead), raising the sequence floor if floor is set.
+// EXISTS (which is not atomic against itself), then, in a second one,
+// makes sure of the head row (see raiseHead), raising the sequence floor
+// if floor is set. Two transactions, because the first locks the events
+// table (CREATE INDEX IF NOT EXISTS) and an append takes the head row's
+// lock before the table's: taking the head row's after the table's would
+// deadlock with it.
 func (s *Store) ensureSchema(ctx context.Context, floor bool) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "replayd schema "+s.prefix); err != nil {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.schemaLock(ctx, tx); err != nil {
 			return err
 		}
 		for i, stmt := range schema {
@@ -324,8 +328,26 @@ func (s *Store) ensureSchema(ctx context.Context, floor bool) error {
 				return fmt.Errorf("table %sevents exists but is not replayd's", s.prefix)
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The advisory lock first: with the head row missing, another node's
+		// Open would recreate it too.
+		if err := s.schemaLock(ctx, tx); err != nil {
+			return err
+		}
 		return s.raiseHead(ctx, tx, floor)
 	})
+}
+
+// schemaLock takes the advisory lock of the log's schema, held until tx
+// ends.
+func (s *Store) schemaLock(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "replayd schema "+s.prefix)
+	return err
 }
 
 // errHeadUnknown is raiseHead's refusal: the head row was missing or

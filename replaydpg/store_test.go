@@ -385,20 +385,24 @@ func TestWaitForAppend(t *testing.T) {
 	a, prefix := openTestStore(t)
 	b := openPrefix(t, prefix)
 	ctx := testCtx(t, 30*time.Second)
+	head, err := b.Head(ctx) // the sequence floor: not 0
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	woke := make(chan error, 1)
-	go func() { woke <- b.WaitForAppend(ctx, 0) }()
-	mustAppend(t, a, ev("1", "x", `1`))
+	go func() { woke <- b.WaitForAppend(ctx, head) }()
+	first := mustAppend(t, a, ev("1", "x", `1`))[0].Event.Sequence
 	if err := <-woke; err != nil {
 		t.Fatal(err)
 	}
-	if err := b.WaitForAppend(ctx, 0); err != nil { // already above
+	if err := b.WaitForAppend(ctx, head); err != nil { // already above
 		t.Fatal(err)
 	}
 
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	if err := b.WaitForAppend(short, 1); !errors.Is(err, context.DeadlineExceeded) {
+	if err := b.WaitForAppend(short, first); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("nothing appended: err = %v, want DeadlineExceeded", err)
 	}
 
@@ -408,7 +412,7 @@ func TestWaitForAppend(t *testing.T) {
 	var lat []time.Duration
 	for i := range rounds {
 		done := make(chan error, 1)
-		head := int64(1 + i)
+		head := first + int64(i)
 		ready := make(chan struct{})
 		go func() {
 			close(ready)
@@ -426,7 +430,7 @@ func TestWaitForAppend(t *testing.T) {
 	t.Logf("append → wake-up on another store: p50 %v, max %v (append round trip included)", lat[rounds/2], lat[rounds-1])
 
 	closed := make(chan error, 1)
-	go func() { closed <- b.WaitForAppend(ctx, 1<<40) }()
+	go func() { closed <- b.WaitForAppend(ctx, 1<<62) }()
 	b.Close()
 	if err := <-closed; !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v, want ErrClosed", err)
@@ -441,8 +445,8 @@ func TestListenerReconnects(t *testing.T) {
 	a, prefix := openTestStore(t)
 	b := openPrefix(t, prefix)
 	ctx := testCtx(t, 30*time.Second)
-	mustAppend(t, a, ev("1", "", `1`))
-	if err := b.WaitForAppend(ctx, 0); err != nil {
+	first := mustAppend(t, a, ev("1", "", `1`))[0].Event.Sequence
+	if err := b.WaitForAppend(ctx, first-1); err != nil {
 		t.Fatal(err)
 	}
 	// The listener's last query is the head read after its LISTEN, on this
@@ -454,7 +458,7 @@ func TestListenerReconnects(t *testing.T) {
 		t.Fatalf("terminate listener: %v, %v", tag, err)
 	}
 	mustAppend(t, a, ev("2", "", `2`)) // probably while no one listens
-	if err := b.WaitForAppend(ctx, 1); err != nil {
+	if err := b.WaitForAppend(ctx, first); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -474,10 +478,14 @@ func TestOneNotifyPerBatch(t *testing.T) {
 	if _, err := conn.Exec(ctx, `LISTEN "`+prefix+`events"`); err != nil {
 		t.Fatal(err)
 	}
+	base, err := s.Head(ctx) // the sequence floor: sequences go on from it
+	if err != nil {
+		t.Fatal(err)
+	}
 	appendN(t, s, 100, []string{"a", ""}, "n")
 	mustAppend(t, s, ev("n-5", "a", `1`)) // a duplicate: nothing committed
 	mustAppend(t, s, ev("last", "a", `1`))
-	for _, want := range []string{"100", "101"} {
+	for _, want := range []string{fmt.Sprint(base + 100), fmt.Sprint(base + 101)} {
 		n, err := conn.Conn().WaitForNotification(ctx)
 		if err != nil {
 			t.Fatal(err)
