@@ -200,9 +200,12 @@ const (
 	// overlap and end at or below the head, so only the one starting
 	// nearest below the cursor can hold it: one index probe. A range
 	// ending above the head (the head reset from outside) is ignored.
-	qHeadForeign = `SELECT h.seq, $1::bigint > h.seq OR coalesce((SELECT k.through FROM %[1]sskips k
-			WHERE k.after < $1::bigint ORDER BY k.after DESC LIMIT 1), 0) BETWEEN $1::bigint + 1 AND h.seq
-		FROM %[1]shead h WHERE h.id = 1`
+	// The probe is a LATERAL, not a scalar subquery under BETWEEN, which
+	// the planner expands into two comparisons and runs twice.
+	qHeadForeign = `SELECT h.seq, $1::bigint > h.seq OR coalesce(k.through > $1::bigint AND k.through <= h.seq, false)
+		FROM %[1]shead h LEFT JOIN LATERAL (SELECT s.through FROM %[1]sskips s
+			WHERE s.after < $1::bigint ORDER BY s.after DESC LIMIT 1) k ON true
+		WHERE h.id = 1`
 
 	qReadAfter = `SELECT ` + eventColumns + ` FROM %[1]sevents e WHERE e.sequence > $1 ORDER BY e.sequence LIMIT $2`
 
