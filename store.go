@@ -57,6 +57,8 @@ import (
 // strictly inside a skipped range, is foreign: Window and Read report it,
 // and the hub answers it with an unknown_cursor gap and goes on from the
 // head. 0, the head, and every sequence the log issued are never foreign.
+// A recorded range that ends above the head (the log was reset from outside
+// below it) no longer describes the log and is ignored.
 //
 // Why a floor and not an id that names its log or event (an epoch, a
 // check of the event in the id): ids stay plain decimals, so nothing on the
@@ -127,8 +129,8 @@ type Store interface {
 	Append(ctx context.Context, evs []Event) ([]AppendResult, error)
 
 	// Head returns the head: the highest sequence ever assigned or
-	// skipped (0 for a log never opened: see the sequence floor). The hub calls it often (every tail poll): it should be one
-	// small read.
+	// skipped (0 for a log never opened: see the sequence floor). The hub
+	// calls it often (every tail poll): it should be one small read.
 	Head(ctx context.Context) (int64, error)
 
 	// Read returns, in one snapshot, the oldest events visible to req.Scope
@@ -245,7 +247,7 @@ type WriteProber interface {
 }
 
 // NewSQLiteStore returns the SQLite store over db (see [OpenDB]), creating
-// the schema if it is missing. It takes one connection of db's pool for its
+// the schema if it is missing and raising the sequence floor (see Store). It takes one connection of db's pool for its
 // appends and keeps it (a pool of one, as for ":memory:", is lent to it per
 // batch instead): close it when done, after any hub over it, through
 // io.Closer (s.(io.Closer).Close()); it never closes db. Writes after Close
