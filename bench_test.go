@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -588,6 +589,10 @@ func BenchmarkTailIdlePoll(b *testing.B) {
 func BenchmarkPollAnswer(b *testing.B) {
 	h := benchHub(b)
 	const backlog = 5000
+	base, err := h.LatestSequence(context.Background()) // the sequence floor: cursors are relative to it
+	if err != nil {
+		b.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	for w := range 50 {
 		wg.Add(1)
@@ -606,7 +611,7 @@ func BenchmarkPollAnswer(b *testing.B) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	b.ReportAllocs()
 	for b.Loop() {
-		r := httptest.NewRequest("GET", "/poll?topic=p&limit=10&wait=0&cursor="+strconv.Itoa(rng.IntN(backlog-10)), nil)
+		r := httptest.NewRequest("GET", "/poll?topic=p&limit=10&wait=0&cursor="+strconv.FormatInt(base+rng.Int64N(backlog-10), 10), nil)
 		w := httptest.NewRecorder()
 		ph.ServeHTTP(w, r)
 		if w.Code != 200 || w.Body.Len() < 2000 {
@@ -614,4 +619,82 @@ func BenchmarkPollAnswer(b *testing.B) {
 		}
 	}
 	benchReportRate(b, b.N, "answers/s")
+}
+
+// BenchmarkForeignLookup measures what the sequence floor (floor.go) adds
+// to a handshake and a poll: the skipped-range probe folded into the
+// statement that reads the head (qHeadForeign against qHead, both
+// prepared), on a log opened 1,000 times (1,000 skipped ranges), the two
+// timed in alternation in one loop so that the machine's noise hits both
+// alike; for scale, a poll's whole read (Read, 10 events of a topic) in the
+// same loop. b.N counts rounds of the three.
+func BenchmarkForeignLookup(b *testing.B) {
+	db, _ := openTestDB(b)
+	l, err := openSQLiteStore(db, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	head, err := l.Head(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range int64(1000) { // 1,000 opens' skipped ranges
+		if _, _, err := l.raiseFloor(ctx, head+(i+1)*1000, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range 1000 {
+		if _, err := l.Append(ctx, []Event{{EventID: fmt.Sprint("f", i), Type: "message", Topic: []string{"a", "b"}[i%2], Payload: json.RawMessage(benchPayload)}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if head, err = l.Head(ctx); err != nil {
+		b.Fatal(err)
+	}
+	cursor := head - 20 // an issued sequence: not foreign
+	plain, err := db.PrepareContext(ctx, qHead)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plain.Close()
+	withForeign, err := db.PrepareContext(ctx, qHeadForeign)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer withForeign.Close()
+	// Medians of each round's times: a busy machine's preemptions land in
+	// a few rounds and would swamp means of a few microseconds.
+	var tPlain, tForeign, tDiff, tRead []float64
+	b.ReportAllocs()
+	for b.Loop() {
+		var (
+			h       int64
+			foreign bool
+		)
+		t0 := time.Now()
+		if err := plain.QueryRowContext(ctx).Scan(&h); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := withForeign.QueryRowContext(ctx, cursor).Scan(&h, &foreign); err != nil || foreign {
+			b.Fatal(err, foreign)
+		}
+		t2 := time.Now()
+		p, err := l.Read(ctx, ReadRequest{Scope: []string{"a"}, After: cursor, Limit: 10})
+		if err != nil || len(p.Events) != 10 || p.Foreign {
+			b.Fatalf("read: %d events, foreign %v, %v", len(p.Events), p.Foreign, err)
+		}
+		t3 := time.Now()
+		tPlain = append(tPlain, float64(t1.Sub(t0)))
+		tForeign = append(tForeign, float64(t2.Sub(t1)))
+		tDiff = append(tDiff, float64(t2.Sub(t1)-t1.Sub(t0)))
+		tRead = append(tRead, float64(t3.Sub(t2)))
+	}
+	median := func(xs []float64) float64 { slices.Sort(xs); return xs[len(xs)/2] }
+	b.ReportMetric(median(tPlain), "head-ns")
+	b.ReportMetric(median(tForeign), "head+foreign-ns")
+	b.ReportMetric(median(tDiff), "foreign-ns")
+	b.ReportMetric(median(tRead), "pollread-ns")
 }

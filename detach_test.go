@@ -89,8 +89,12 @@ func TestSSEDetachedFraming(t *testing.T) {
 			resp.Header.Get("Content-Type") != "text/event-stream; charset=utf-8" || resp.Header.Get("Date") == "" {
 			t.Fatalf("response %d %v close=%v length=%d %v", resp.StatusCode, resp.TransferEncoding, resp.Close, resp.ContentLength, resp.Header)
 		}
+		head, err := h.LatestSequence(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
 		line, err := br.ReadString('\n')
-		if err != nil || line != "id: 0\n" {
+		if err != nil || line != fmt.Sprintf("id: %d\n", head) {
 			t.Fatalf("first body line %q, %v", line, err)
 		}
 		// Close ends the response with the connection.

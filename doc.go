@@ -66,10 +66,19 @@
 //   - "replay_limit": more events were missed than the replay limit; the
 //     newest are replayed and the gap names the older ones exactly;
 //   - "pruned": retention deleted events above the cursor;
-//   - "unknown_cursor": the cursor is above the head (the log was reset or
-//     replaced); the stream continues from the head;
+//   - "unknown_cursor": the cursor is not one this log handed out (above
+//     the head, or from another history: see below); the stream continues
+//     from the head;
 //   - "invalid_cursor": the cursor is not a decimal integer; the stream
 //     continues from the head.
+//
+// A log never issues a sequence twice, across restores from a backup,
+// rebuilds and restarts: whenever a log is opened its head is raised to the
+// clock in Unix microseconds and the skipped range is recorded, so a new
+// log's first ids are near 1.8e15 (exact as JavaScript numbers until the
+// year 2255), and a cursor a restored log never issued gets
+// "unknown_cursor" instead of someone else's history. docs/restore.md tells
+// how to restore a log and what clients see.
 //
 // A client treats any gap as "re-sync from a snapshot". In-process,
 // [EventHub.Subscribe] receives every event delivered live, and

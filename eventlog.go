@@ -40,6 +40,12 @@ var schema = []string{
 		topic    TEXT    PRIMARY KEY, -- '' for broadcasts
 		sequence INTEGER NOT NULL
 	) WITHOUT ROWID`,
+	// The sequence floor's skipped ranges (see floor.go): sequences
+	// strictly between after and through were never issued by this log.
+	`CREATE TABLE IF NOT EXISTS events_skips (
+		after   INTEGER PRIMARY KEY, -- the head when the log was opened
+		through INTEGER NOT NULL     -- the head it was raised to
+	)`,
 }
 
 // The topic index covers topic_ordinal, so a count reads no table row.
@@ -72,6 +78,10 @@ const (
 		WHERE name IN ('sequence', 'event_id', 'type', 'topic', 'payload', 'created_at')`
 
 	qHead = `SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)`
+
+	// qHeadForeign: the head, and whether the cursor ?1 is foreign to the
+	// log (see foreignSQL).
+	qHeadForeign = `SELECT h, ` + foreignSQL + ` FROM (SELECT (` + qHead + `) AS h, ?1 AS c)`
 
 	qWatermarkGlobal = `SELECT coalesce(max(sequence), 0) FROM events_prune_watermarks`
 )
@@ -176,7 +186,9 @@ func buildScopeQuery(kind, n int) string {
 				return fmt.Sprintf("SELECT sequence FROM events_prune_watermarks WHERE topic = ?%d", i)
 			}) + ")"
 		}
-		return "SELECT (" + qHead + "), (" + wm + "), NULL, NULL, NULL, NULL" +
+		// Its fourth column tells whether after is a foreign cursor.
+		foreign := "SELECT " + foreignSQL + " FROM (SELECT (" + qHead + ") AS h, " + after + " AS c)"
+		return "SELECT (" + qHead + "), (" + wm + "), NULL, (" + foreign + "), NULL, NULL" +
 			"\n\t\tUNION ALL\n\t\tSELECT * FROM (" + buildScopeQuery(kindReplay, n) + ")"
 	}
 	panic("replayd: unknown query kind")
@@ -609,6 +621,7 @@ func (l *sqliteStore) watermark(ctx context.Context, q querier, topics []string)
 // agree with each other and with head.
 type handshake struct {
 	head      int64
+	foreign   bool  // the cursor is foreign to the log (see foreignSQL): only head is read
 	from      int64 // W, the replay window: the scope's events in [from, head]
 	skipped   span  // M: visible events above the cursor older than W
 	watermark int64 // P
@@ -629,7 +642,12 @@ func (l *sqliteStore) readHandshake(ctx context.Context, topics []string, cursor
 }
 
 func (l *sqliteStore) handshakeTx(ctx context.Context, tx querier, topics []string, cursor int64, limit int) (hs handshake, err error) {
-	if hs.head, err = l.head(ctx, tx); err != nil || cursor < 0 || cursor >= hs.head {
+	if cursor < 0 {
+		hs.head, err = l.head(ctx, tx)
+		return hs, err
+	}
+	err = tx.QueryRowContext(ctx, qHeadForeign, cursor).Scan(&hs.head, &hs.foreign)
+	if err != nil || cursor >= hs.head || hs.foreign {
 		return hs, err
 	}
 	if l.testHookHandshake != nil {

@@ -49,30 +49,36 @@ func Example() {
 	defer hub.Close()
 
 	ctx := context.Background()
-	publish := func(topic string, payload any, opts ...replayd.PublishOption) {
-		if _, err := hub.Publish(ctx, topic, payload, opts...); err != nil {
+	publish := func(topic string, payload any, opts ...replayd.PublishOption) replayd.Event {
+		ev, err := hub.Publish(ctx, topic, payload, opts...)
+		if err != nil {
 			log.Fatal(err)
 		}
+		return ev
 	}
-	publish("room-1", map[string]string{"text": "hi"})
+	// An event's id is its sequence in the log: ids grow with every event,
+	// from a first one near the clock in microseconds when the log was
+	// first opened (see Store, the sequence floor). This example prints
+	// them from the first.
+	first := publish("room-1", map[string]string{"text": "hi"}).Sequence
 	publish("room-2", map[string]string{"text": "elsewhere"})
 	publish("", map[string]string{"text": "to everyone"}, replayd.WithType("notice")) // a broadcast
 	publish("room-1", map[string]string{"text": "bye"})
 
-	// A client on room-1 whose last id was 1 missed these:
-	events, err := hub.Replay(ctx, "room-1", 1, 100)
+	// A client on room-1 whose last id was the first missed these:
+	events, err := hub.Replay(ctx, "room-1", first, 100)
 	if err != nil {
 		log.Fatal(err)
 	}
 	for _, ev := range events {
-		fmt.Printf("id %d  %-7s %q %s\n", ev.Sequence, ev.Type, ev.Topic, ev.Payload)
+		fmt.Printf("id first+%d  %-7s %q %s\n", ev.Sequence-first, ev.Type, ev.Topic, ev.Payload)
 	}
 	head, _ := hub.LatestSequence(ctx)
-	fmt.Println("head:", head)
+	fmt.Printf("head: first+%d\n", head-first)
 	// Output:
-	// id 3  notice  "" {"text":"to everyone"}
-	// id 4  message "room-1" {"text":"bye"}
-	// head: 4
+	// id first+2  notice  "" {"text":"to everyone"}
+	// id first+3  message "room-1" {"text":"bye"}
+	// head: first+3
 }
 
 // A subscriber sees every event this hub delivers live, of every topic, in
@@ -86,13 +92,14 @@ func ExampleEventHub_Subscribe() {
 		log.Fatal(err)
 	}
 	defer hub.Close()
+	ctx := context.Background()
+	head, _ := hub.LatestSequence(ctx) // ids go on from the head
 
 	unsubscribe := hub.Subscribe(func(ev replayd.Event) {
 		// Runs on the delivering goroutine: keep it short, never Publish here.
-		fmt.Printf("got id %d on %q: %s\n", ev.Sequence, ev.Topic, ev.Payload)
+		fmt.Printf("got id head+%d on %q: %s\n", ev.Sequence-head, ev.Topic, ev.Payload)
 	})
 
-	ctx := context.Background()
 	for _, topic := range []string{"orders", ""} {
 		if _, err := hub.Publish(ctx, topic, map[string]string{"topic": topic}); err != nil {
 			log.Fatal(err)
@@ -103,8 +110,8 @@ func ExampleEventHub_Subscribe() {
 		log.Fatal(err)
 	}
 	// Output:
-	// got id 1 on "orders": {"topic":"orders"}
-	// got id 2 on "": {"topic":""}
+	// got id head+1 on "orders": {"topic":"orders"}
+	// got id head+2 on "": {"topic":""}
 }
 
 // A subscriber that must not miss anything silently asks to be told about
@@ -114,26 +121,27 @@ func ExampleEventHub_Subscribe() {
 func ExampleEventHub_SubscribeWithGaps() {
 	db, cleanup := openExampleDB()
 	defer cleanup()
-	hub, err := replayd.New(db, replayd.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer hub.Close()
 	other, err := replayd.New(db, replayd.Options{}) // stands for another process
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer other.Close()
+	hub, err := replayd.New(db, replayd.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer hub.Close()
+	ctx := context.Background()
+	head, _ := hub.LatestSequence(ctx) // ids go on from the head
 
 	unsubscribe := hub.SubscribeWithGaps(func(ev replayd.Event) {
-		fmt.Printf("event %d: %s\n", ev.Sequence, ev.Payload)
+		fmt.Printf("event head+%d: %s\n", ev.Sequence-head, ev.Payload)
 	}, func(g replayd.Gap) {
 		// Re-sync from a snapshot, as an SSE client does on a gap frame.
-		fmt.Printf("gap %s: %d-%d missed\n", g.Reason, g.From, g.Through)
+		fmt.Printf("gap %s: head+%d to head+%d missed\n", g.Reason, g.From-head, g.Through-head)
 	})
 	defer unsubscribe()
 
-	ctx := context.Background()
 	for i := 1; i <= 3; i++ {
 		if _, err := other.Publish(ctx, "orders", map[string]int{"i": i}); err != nil {
 			log.Fatal(err)
@@ -147,9 +155,9 @@ func ExampleEventHub_SubscribeWithGaps() {
 		log.Fatal(err)
 	}
 	// Output:
-	// gap pruned: 1-2 missed
-	// event 3: {"i":3}
-	// event 4: {"i":4}
+	// gap pruned: head+1 to head+2 missed
+	// event head+3: {"i":3}
+	// event head+4: {"i":4}
 }
 
 // Mount the SSE endpoint on your own mux. A client that reconnects with
@@ -170,14 +178,20 @@ func ExampleEventHub_Handler() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	var ids []string
 	for n := 1; n <= 2; n++ {
-		if _, err := hub.Publish(ctx, "room-1", map[string]int{"n": n}); err != nil {
+		ev, err := hub.Publish(ctx, "room-1", map[string]int{"n": n})
+		if err != nil {
 			log.Fatal(err)
 		}
+		ids = append(ids, fmt.Sprint(ev.Sequence))
 	}
+	// Ids are sequences near the clock in microseconds (see Store, the
+	// sequence floor): printed below as <first> and <second>.
+	names := strings.NewReplacer(ids[0], "<first>", ids[1], "<second>")
 
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/events?topic=room-1", nil)
-	req.Header.Set("Last-Event-ID", "1")
+	req.Header.Set("Last-Event-ID", ids[0])
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		log.Fatal(err)
@@ -192,18 +206,18 @@ func ExampleEventHub_Handler() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Print(line)
+		fmt.Print(names.Replace(line))
 		if strings.TrimSpace(line) == "" {
 			frames++
 		}
 	}
 	// Output:
 	// text/event-stream; charset=utf-8
-	// id: 1
+	// id: <first>
 	// event: hello
-	// data: {"topic":"room-1","topics":["room-1"],"cursor":1,"head":2}
+	// data: {"topic":"room-1","topics":["room-1"],"cursor":<first>,"head":<second>}
 	//
-	// id: 2
+	// id: <second>
 	// event: message
 	// data: {"n":2}
 }
@@ -220,6 +234,7 @@ func ExampleEventHub_Prune() {
 	defer hub.Close()
 
 	ctx := context.Background()
+	start, _ := hub.LatestSequence(ctx) // ids go on from the head
 	for i := 1; i <= 10; i++ {
 		if _, err := hub.Publish(ctx, "metrics", map[string]int{"i": i}); err != nil {
 			log.Fatal(err)
@@ -232,9 +247,9 @@ func ExampleEventHub_Prune() {
 	head, _ := hub.LatestSequence(ctx)
 	kept, _ := hub.Replay(ctx, "metrics", 0, 100)
 	fmt.Println("deleted:", deleted)
-	fmt.Println("head:", head)
+	fmt.Printf("head: start+%d\n", head-start)
 	for _, ev := range kept {
-		fmt.Println("kept:", ev.Sequence, string(ev.Payload))
+		fmt.Printf("kept: start+%d %s\n", ev.Sequence-start, ev.Payload)
 	}
 
 	// In a server, prune on a schedule instead:
@@ -244,10 +259,10 @@ func ExampleEventHub_Prune() {
 
 	// Output:
 	// deleted: 7
-	// head: 10
-	// kept: 8 {"i":8}
-	// kept: 9 {"i":9}
-	// kept: 10 {"i":10}
+	// head: start+10
+	// kept: start+8 {"i":8}
+	// kept: start+9 {"i":9}
+	// kept: start+10 {"i":10}
 }
 
 // An event id makes a publish safe to retry: a known id stores and delivers
@@ -274,10 +289,10 @@ func ExampleWithEventID() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("sequences:", seqs)
+	fmt.Println("the same sequence:", seqs[0] == seqs[1])
 	fmt.Println("stored events:", len(stored))
 	// Output:
-	// sequences: [1 1]
+	// the same sequence: true
 	// stored events: 1
 }
 
@@ -332,6 +347,8 @@ func ExampleOptions_authorize() {
 		}
 		defer resp.Body.Close()
 		line, _ := bufio.NewReader(resp.Body).ReadString('\n') // a refusal's body, or the hello's id
+		head, _ := hub.LatestSequence(ctx)
+		line = strings.Replace(line, fmt.Sprint(head), "<head>", 1) // ids are sequences near the clock in microseconds
 		fmt.Printf("%-28s %d %s\n", query, resp.StatusCode, strings.TrimSpace(line))
 	}
 	try("?topic=user-42", "")
@@ -343,7 +360,7 @@ func ExampleOptions_authorize() {
 	// Output:
 	// ?topic=user-42               401 unauthorized
 	// ?topic=user-42               401 unauthorized
-	// ?topic=user-42&topic=room-1  200 id: 0
+	// ?topic=user-42&topic=room-1  200 id: <head>
 	// ?topic=user-7                403 forbidden
 	// ?topic=room-1&topic=room-2   403 forbidden
 	//                              403 forbidden
@@ -395,6 +412,8 @@ func ExampleWithRevocation() {
 	}
 	resp, body := open()
 	line, _ := body.ReadString('\n')
+	head, _ := hub.LatestSequence(context.Background())
+	line = strings.Replace(line, fmt.Sprint(head), "<head>", 1) // ids are sequences near the clock in microseconds
 	fmt.Println(resp.StatusCode, strings.TrimSpace(line))
 
 	logout()
@@ -407,7 +426,7 @@ func ExampleWithRevocation() {
 	resp.Body.Close()
 	fmt.Println("reconnect:", resp.StatusCode)
 	// Output:
-	// 200 id: 0
+	// 200 id: <head>
 	// stream ended: EOF
 	// reconnect: 401
 }

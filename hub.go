@@ -281,10 +281,11 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 	if db == nil {
 		return nil, errors.New("replayd: new: nil *sql.DB")
 	}
-	if _, err := opts.withDefaults(); err != nil {
+	o, err := opts.withDefaults()
+	if err != nil {
 		return nil, err
 	}
-	s, err := openSQLiteStore(db)
+	s, err := openSQLiteStore(db, o.Logger)
 	if err != nil {
 		return nil, err
 	}

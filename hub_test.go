@@ -99,6 +99,8 @@ func TestPruneByCount(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	ctx := context.Background()
+	// Sequences below are relative to b, the head.
+	b, _ := h.LatestSequence(ctx)
 	for i := range 2500 { // more than one prune batch
 		mustPublish(t, h, []string{"a", "b", ""}[i%3], i)
 	}
@@ -107,7 +109,7 @@ func TestPruneByCount(t *testing.T) {
 		t.Fatalf("pruned %d, %v; want 2490", n, err)
 	}
 	evs, _ := h.Replay(ctx, "", 0, 100)
-	if got := seqs(evs); len(got) != 10 || got[0] != 2491 || got[9] != 2500 {
+	if got := seqs(evs); len(got) != 10 || got[0] != b+2491 || got[9] != b+2500 {
 		t.Fatalf("kept %v", got)
 	}
 	// Watermarks: the highest deleted sequence per topic ('' = broadcast).
@@ -124,7 +126,7 @@ func TestPruneByCount(t *testing.T) {
 	}
 	rows.Close()
 	// Sequence s has topic index (s-1)%3: 2488 -> a, 2489 -> b, 2490 -> "".
-	if want := map[string]int64{"a": 2488, "b": 2489, "": 2490}; fmt.Sprint(marks) != fmt.Sprint(want) {
+	if want := map[string]int64{"a": b + 2488, "b": b + 2489, "": b + 2490}; fmt.Sprint(marks) != fmt.Sprint(want) {
 		t.Fatalf("watermarks %v, want %v", marks, want)
 	}
 	if n, err := h.Prune(ctx, RetentionPolicy{MaxEvents: 10}); err != nil || n != 0 {
@@ -159,10 +161,13 @@ func TestPruneByCountAndAge(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	ctx := context.Background()
+	var second int64
 	for i := range 6 {
-		mustPublish(t, h, "a", i)
+		if ev := mustPublish(t, h, "a", i); i == 1 {
+			second = ev.Sequence
+		}
 	}
-	if _, err := db.Exec(`UPDATE events SET created_at = created_at - 3600000 WHERE sequence <= 2`); err != nil {
+	if _, err := db.Exec(`UPDATE events SET created_at = created_at - 3600000 WHERE sequence <= ?`, second); err != nil {
 		t.Fatal(err)
 	}
 	// Count alone would delete 1 (keep 5); age deletes 2: whichever is more.
@@ -244,6 +249,7 @@ func TestMemoryDBConcurrentUse(t *testing.T) {
 	defer db.Close()
 	h := newTestHub(t, db, Options{})
 	ctx := context.Background()
+	base, _ := h.LatestSequence(ctx)
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(2)
@@ -259,7 +265,7 @@ func TestMemoryDBConcurrentUse(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 50 {
-				if _, err := h.Replay(ctx, fmt.Sprint("t", w), rand.Int64N(100), 10); err != nil {
+				if _, err := h.Replay(ctx, fmt.Sprint("t", w), base+rand.Int64N(100), 10); err != nil {
 					t.Error(err)
 					return
 				}
@@ -267,7 +273,7 @@ func TestMemoryDBConcurrentUse(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if head, err := h.LatestSequence(ctx); err != nil || head != 200 {
+	if head, err := h.LatestSequence(ctx); err != nil || head != base+200 {
 		t.Fatalf("head %d, %v", head, err)
 	}
 }
@@ -300,7 +306,7 @@ func TestStatsAndTracker(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	srv := serve(t, h)
-	mustPublish(t, h, "a", 1)
+	ev := mustPublish(t, h, "a", 1)
 	a1 := wiretest.Dial(t, srv.URL+"?topic=a", nil)
 	a1.Hello()
 	a2 := wiretest.Dial(t, srv.URL+"?topic=a", nil)
@@ -311,7 +317,7 @@ func TestStatsAndTracker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.LatestSequence != 1 || len(st.Topics) != 2 || st.Topics[0].Topic != "" || st.Topics[0].ActiveClients != 1 ||
+	if st.LatestSequence != ev.Sequence || len(st.Topics) != 2 || st.Topics[0].Topic != "" || st.Topics[0].ActiveClients != 1 ||
 		st.Topics[1].Topic != "a" || st.Topics[1].ActiveClients != 2 || st.Topics[1].LastActiveAt.IsZero() {
 		t.Fatalf("stats %+v", st)
 	}

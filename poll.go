@@ -231,7 +231,7 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 		}
 		ans.Cursor = cursor
 		switch {
-		case cursor > pg.head:
+		case cursor > pg.head || pg.foreign:
 			ans.Gap = &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: p.limit}
 			ans.Cursor = pg.head
 			return ans, http.StatusOK
@@ -317,7 +317,7 @@ func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, 
 	}
 	pg, err := h.store.read(ctx, topics, cursor, limit)
 	if fresh {
-		pg.watermark = 0 // a fresh request is owed no gap
+		pg.watermark, pg.foreign = 0, false // a fresh request is owed no gap
 	}
 	return pg, err
 }

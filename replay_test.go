@@ -18,11 +18,12 @@ import (
 func TestReplayPruneBetweenPagesEndsStream(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	for i := range 200 {
+	b := mustPublish(t, h, "a", 0).Sequence - 1 // sequences below are relative to b
+	for i := 1; i < 200; i++ {
 		mustPublish(t, h, "a", i)
 	}
 	h.testHookReplayPage = func(last int64) {
-		if last == 164 {
+		if last == b+164 {
 			if _, err := h.Prune(t.Context(), RetentionPolicy{MaxEvents: 20}); err != nil {
 				t.Error(err)
 			}
@@ -31,10 +32,10 @@ func TestReplayPruneBetweenPagesEndsStream(t *testing.T) {
 	srv := serve(t, h)
 	c := wiretest.Dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"0"}})
 	c.Hello()
-	if g := wiretest.MustGap(t, c.Next()); g.Reason != "replay_limit" || *g.Missed != 100 || *g.MissedThrough != 100 {
+	if g := wiretest.MustGap(t, c.Next()); g.Reason != "replay_limit" || *g.Missed != 100 || *g.MissedThrough != b+100 {
 		t.Fatalf("gap %+v", g)
 	}
-	for want := 101; want <= 164; want++ {
+	for want := b + 101; want <= b+164; want++ {
 		if f := c.Next(); f.ID != fmt.Sprint(want) {
 			t.Fatalf("replayed id %q, want %d", f.ID, want)
 		}
@@ -45,13 +46,13 @@ func TestReplayPruneBetweenPagesEndsStream(t *testing.T) {
 		t.Fatal("the stream neither ended nor went on")
 	}
 	h.testHookReplayPage = nil
-	c2 := wiretest.Dial(t, srv.URL+"?topic=a", http.Header{"Last-Event-ID": {"164"}})
+	c2 := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(b+164))
 	c2.Hello()
 	g := wiretest.MustGap(t, c2.Next())
-	if g.Reason != "pruned" || *g.MissedFrom != 165 || *g.MissedThrough != 180 {
+	if g.Reason != "pruned" || *g.MissedFrom != b+165 || *g.MissedThrough != b+180 {
 		t.Fatalf("reconnect gap %+v", g)
 	}
-	for want := 181; want <= 200; want++ {
+	for want := b + 181; want <= b+200; want++ {
 		if f := c2.Next(); f.ID != fmt.Sprint(want) {
 			t.Fatalf("replayed id %q, want %d", f.ID, want)
 		}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -13,10 +14,11 @@ import (
 var errStoreClosed = errors.New("replayd: the store is closed")
 
 // openSQLiteStore returns the SQLite store over db: it creates the schema
-// if it is missing, remembers the database file's identity, and reserves
-// the writer's connection now, before any reader can queue for the pool
-// (a publish is never slowed by SSE clients).
-func openSQLiteStore(db *sql.DB) (*sqliteStore, error) {
+// if it is missing, raises the sequence floor (see floor.go; a clock behind
+// the head is logged to logger, if not nil), remembers the database file's
+// identity, and reserves the writer's connection now, before any reader
+// can queue for the pool (a publish is never slowed by SSE clients).
+func openSQLiteStore(db *sql.DB, logger *slog.Logger) (*sqliteStore, error) {
 	if db == nil {
 		return nil, errors.New("replayd: nil *sql.DB")
 	}
@@ -29,6 +31,9 @@ func openSQLiteStore(db *sql.DB) (*sqliteStore, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if _, _, err := s.raiseFloor(ctx, floorClock(), logger); err != nil {
+		return nil, fmt.Errorf("replayd: raise the sequence floor: %w", err)
+	}
 	var err error
 	if s.file, err = newFileGuard(ctx, db); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
@@ -139,7 +144,7 @@ func readPage(rows *sql.Rows, req ReadRequest, p *Page) error {
 		return errors.New("replayd: read a page: no head row")
 	}
 	var eventID, unused any
-	if err := rows.Scan(&p.Head, &p.Watermark, &eventID, &unused, &unused, &unused); err != nil {
+	if err := rows.Scan(&p.Head, &p.Watermark, &eventID, &p.Foreign, &unused, &unused); err != nil {
 		return err
 	}
 	if eventID != nil {
@@ -171,8 +176,8 @@ func (l *sqliteStore) Window(ctx context.Context, scope []string, cursor int64, 
 	if err != nil {
 		return Window{}, err
 	}
-	if cursor >= hs.head {
-		return Window{Head: hs.head}, nil
+	if cursor >= hs.head || hs.foreign {
+		return Window{Head: hs.head, Foreign: hs.foreign}, nil
 	}
 	return Window{
 		Head:      hs.head,

@@ -195,7 +195,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	if g != nil {
 		h.metrics.gap(g.Reason)
 	}
-	if readFrom < 0 || cursor > hs.head {
+	if readFrom < 0 || cursor > hs.head || hs.foreign {
 		cursor = hs.head // fresh, or treated as fresh
 	}
 
@@ -417,7 +417,8 @@ func gapFor(rawCursor string, cursor int64, valid bool, hs handshake, limit int)
 		return nil
 	case !valid:
 		return &gap{Reason: reasonInvalidCursor, ReplayLimit: limit}
-	case cursor > hs.head:
+	case cursor > hs.head || hs.foreign:
+		// Not a cursor of this log (see Store, the sequence floor).
 		return &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: limit}
 	case hs.watermark > cursor:
 		return &gap{

@@ -33,12 +33,44 @@ import (
 // Append gives every stored event a sequence: a positive integer, unique in
 // the log across every process and machine appending to it, larger than
 // every sequence assigned before it, and never reused. Sequences need not be
-// contiguous (a refused duplicate may spend one): the hub never does
-// arithmetic on them, it counts visible events. The head is the highest
-// sequence ever assigned (0 for a new log); it never goes backwards, even
-// after Prune deletes every event. CreatedAt, taken inside the write with at
-// least millisecond precision, never decreases as the sequence grows, even
-// when a clock steps back.
+// contiguous (a refused duplicate may spend one, and so does the floor
+// below): the hub never does arithmetic on them, it counts visible events.
+// The head is the highest sequence ever assigned or skipped; it never goes
+// backwards, even after Prune deletes every event. CreatedAt, taken inside
+// the write with at least millisecond precision, never decreases as the
+// sequence grows, even when a clock steps back.
+//
+// # Log identity: the sequence floor
+//
+// No sequence is ever issued twice by a log, across restores from a
+// backup, rebuilds and restarts, and a cursor the log never issued is
+// recognised. Whoever opens a log (the constructor of the
+// store: [NewSQLiteStore], replaydpg.Open) raises its head, in one write
+// atomic with respect to appends, to the clock in Unix microseconds, F, if
+// the head is below it, and records the range skipped: the sequences
+// strictly between the old head and F were never issued. So the head of a
+// new log is not 0 once it was opened, and a restored copy of a log,
+// opened after the original went on, starts above every sequence the
+// original issued since the backup, as long as the clock does not step
+// back across opens and the log issued fewer than 1,000,000 sequences a
+// second on average since its last open. A cursor above the head, or
+// strictly inside a skipped range, is foreign: Window and Read report it,
+// and the hub answers it with an unknown_cursor gap and goes on from the
+// head. 0, the head, and every sequence the log issued are never foreign.
+// A recorded range that ends above the head (the log was reset from outside
+// below it) no longer describes the log and is ignored.
+//
+// Why a floor and not an id that names its log or event (an epoch, a
+// check of the event in the id): ids stay plain decimals, so nothing on the
+// wire changes; every client (EventSource, the browser module, Go clients)
+// keeps comparing ids as numbers, and bare cursors stored by clients keep
+// working. A client whose cursor is at or below the backup point is served
+// without an unneeded gap, since the two histories agree there. A check in
+// the id could not check a hello cursor (the head is often no event of the
+// scope, or no row at all) nor a pruned row. The cost is one index probe
+// in a tiny table, folded into the statement that reads the head. Not
+// covered: two diverging copies of a log both kept running (each issues
+// sequences the other also issues).
 //
 // # Scopes
 //
@@ -97,17 +129,18 @@ type Store interface {
 	// type's doc for an ended ctx or a broken connection).
 	Append(ctx context.Context, evs []Event) ([]AppendResult, error)
 
-	// Head returns the head: the highest sequence ever assigned, 0 for a
-	// new log. The hub calls it often (every tail poll): it should be one
-	// small read.
+	// Head returns the head: the highest sequence ever assigned or
+	// skipped (0 for a log never opened: see the sequence floor). The hub
+	// calls it often (every tail poll): it should be one small read.
 	Head(ctx context.Context) (int64, error)
 
 	// Read returns, in one snapshot, the oldest events visible to req.Scope
 	// with a sequence in (req.After, req.Through] (Through 0: no upper
 	// bound), ascending: at most req.Limit of them, and no more once they
 	// hold req.MaxBytes bytes of payload, but at least one if any is
-	// there. With them come whether more such events exist, the head and
-	// the scope's watermark. The hub reads replay pages, catch-up pages and
+	// there. With them come whether more such events exist, the head, the
+	// scope's watermark, and whether req.After is a foreign cursor (see the
+	// sequence floor). The hub reads replay pages, catch-up pages and
 	// poll answers through it.
 	Read(ctx context.Context, req ReadRequest) (Page, error)
 
@@ -118,8 +151,9 @@ type Store interface {
 	// below that window (what the client missed and is told in a gap); and
 	// the scope's watermark. From-1 is at or above the cursor, the
 	// watermark and every skipped event, so that reading the window is
-	// reading the scope above From-1 (see Window). With cursor >= head only
-	// Head is meaningful.
+	// reading the scope above From-1 (see Window). It reports whether the
+	// cursor is foreign (see the sequence floor). With cursor >= head, or a
+	// foreign cursor, only Head and Foreign are meaningful.
 	//
 	// It reads no payload, and its cost must not grow with the number of
 	// events above cursor: a hostile client would otherwise buy a full scan
@@ -169,6 +203,7 @@ type Page struct {
 	More      bool    // more events of the scope exist in (the last returned, Through]
 	Head      int64   // the head
 	Watermark int64   // the scope's prune watermark
+	Foreign   bool    // After is foreign: above Head, or inside a skipped range (see the sequence floor)
 }
 
 // Window is [Store.Window]'s answer, read in one snapshot.
@@ -177,6 +212,7 @@ type Window struct {
 	From      int64 // the replay window is the scope's events in [From, Head]; Head+1 when it is empty
 	Skipped   Span  // the scope's retained events above the cursor and below From
 	Watermark int64 // the scope's prune watermark
+	Foreign   bool  // the cursor is foreign: above Head, or inside a skipped range (see the sequence floor)
 }
 
 // Span describes the retained events of a scope in a range: how many, and
@@ -212,7 +248,7 @@ type WriteProber interface {
 }
 
 // NewSQLiteStore returns the SQLite store over db (see [OpenDB]), creating
-// the schema if it is missing. It takes one connection of db's pool for its
+// the schema if it is missing and raising the sequence floor (see Store). It takes one connection of db's pool for its
 // appends and keeps it (a pool of one, as for ":memory:", is lent to it per
 // batch instead): close it when done, after any hub over it, through
 // io.Closer (s.(io.Closer).Close()); it never closes db. Writes after Close
@@ -220,7 +256,7 @@ type WriteProber interface {
 // [SchemaEnsurer] and [WriteProber]; several stores, in one process or
 // several, may share one database file. Behind New, the hub closes it.
 func NewSQLiteStore(db *sql.DB) (Store, error) {
-	s, err := openSQLiteStore(db)
+	s, err := openSQLiteStore(db, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -306,6 +342,7 @@ func (v hubStore) readHandshake(ctx context.Context, topics []string, cursor int
 	}
 	return handshake{
 		head:      w.Head,
+		foreign:   w.Foreign,
 		from:      w.From,
 		skipped:   span{count: w.Skipped.Count, first: w.Skipped.First, last: w.Skipped.Last},
 		watermark: w.Watermark,
@@ -330,6 +367,7 @@ type page struct {
 	more      bool    // more visible events existed above the last one
 	head      int64
 	watermark int64
+	foreign   bool // after is foreign to the log
 }
 
 // read returns, in one snapshot (Store.Read), the head, the scope's prune
@@ -342,7 +380,7 @@ func (v hubStore) read(ctx context.Context, topics []string, after int64, limit 
 	if err != nil {
 		return page{}, err
 	}
-	return page{events: p.Events, more: p.More, head: p.Head, watermark: p.Watermark}, nil
+	return page{events: p.Events, more: p.More, head: p.Head, watermark: p.Watermark, foreign: p.Foreign}, nil
 }
 
 // withDefaults fills in ReadRequest's zero values.

@@ -105,12 +105,12 @@ func TestNewWithStoreDoesNotCloseTheStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustPublish(t, h, "a", 1)
+	first := mustPublish(t, h, "a", 1)
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
 	res, err := s.Append(context.Background(), []Event{{EventID: "after-close", Type: "message", Payload: []byte("2")}})
-	if err != nil || res[0].Event.Sequence != 2 {
+	if err != nil || res[0].Event.Sequence != first.Sequence+1 {
 		t.Fatalf("the store after its hub closed: %+v, %v", res, err)
 	}
 
@@ -237,7 +237,7 @@ func TestCatchUpReadsWithoutTheDeliveryLock(t *testing.T) {
 func TestReadWithAStatementClosedByClose(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
-	mustPublish(t, h, "a", 1)
+	ev := mustPublish(t, h, "a", 1)
 	l := h.store.s.(*sqliteStore)
 	ctx := context.Background()
 	if _, err := l.Read(ctx, ReadRequest{Scope: []string{"a"}}); err != nil {
@@ -256,7 +256,7 @@ func TestReadWithAStatementClosedByClose(t *testing.T) {
 	var p Page
 	err = readPage(rows, ReadRequest{Limit: 100, MaxBytes: maxInt}, &p)
 	rows.Close()
-	if err != nil || prepared || p.Head != 1 || len(p.Events) != 1 {
-		t.Fatalf("read: %+v, prepared %v, %v; want head 1, one event, from the text", p, prepared, err)
+	if err != nil || prepared || p.Head != ev.Sequence || len(p.Events) != 1 {
+		t.Fatalf("read: %+v, prepared %v, %v; want head %d, one event, from the text", p, prepared, err, ev.Sequence)
 	}
 }

@@ -512,18 +512,20 @@ func (e *env) deniedScope(topics []string) bool {
 func (e *env) check(results []clientResult, subA, subB *Subscriber, elapsed time.Duration) {
 	t := e.t
 	fence := e.fence.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The head before the hub below opens the log, which raises its
+	// sequence floor.
+	head, err := e.hubA.LatestSequence(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h, closeHub, err := e.open(replayd.Options{})
 	if err != nil {
 		t.Fatalf("open a hub to read the log: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	rows, mark, err := ReadLog(ctx, h)
 	closeHub()
-	if err != nil {
-		t.Fatal(err)
-	}
-	head, err := e.hubA.LatestSequence(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

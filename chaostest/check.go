@@ -59,6 +59,14 @@ func visible(scope []string, topic string) bool {
 	return len(scope) == 0 || topic == "" || slices.Contains(scope, topic)
 }
 
+// foreign reports whether the log may not have issued the cursor c: it is
+// no event's sequence (and not 0), so it may lie in a range the sequence
+// floor skipped, where an unknown_cursor gap is its due.
+func (v *view) foreign(c int64) bool {
+	_, ok := v.bySeq[c]
+	return c != 0 && !ok
+}
+
 // visibleIn returns the ledger sequences visible to scope in (after, before).
 func (v *view) visibleIn(scope []string, after, before int64) []int64 {
 	i, _ := slices.BinarySearch(v.seqs, after+1)
@@ -419,7 +427,7 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		if reason != reasonInvalidCursor || g.ResumedFrom != nil || g.MissedFrom != nil || g.MissedThrough != nil || g.Missed != nil || cursor != head {
 			return st, fmt.Errorf("invalid cursor %q: cursor %d, head %d, gap %+v", c.Sent, cursor, head, g)
 		}
-	case sent > head:
+	case sent > head || (reason == reasonUnknownCursor && v.foreign(sent)):
 		if reason != reasonUnknownCursor || g.ResumedFrom == nil || *g.ResumedFrom != sent || g.MissedFrom != nil || g.MissedThrough != nil || g.Missed != nil || cursor != head {
 			return st, fmt.Errorf("cursor %d above head %d: cursor %d, gap %+v", sent, head, cursor, g)
 		}

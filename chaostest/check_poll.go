@@ -145,7 +145,7 @@ func (v *view) checkPoll(s *PollSession, p *Poll) (int, error) {
 			return 0, fmt.Errorf("sent cursor %q is invalid", p.Sent)
 		}
 		prev = sent
-		if sent > a.Head {
+		if sent > a.Head || (p.gap != nil && p.gap.Reason == reasonUnknownCursor && v.foreign(sent)) {
 			g := p.gap
 			if g == nil || g.Reason != reasonUnknownCursor || g.ResumedFrom == nil || *g.ResumedFrom != sent ||
 				g.MissedFrom != nil || g.MissedThrough != nil || g.Missed != nil || a.Cursor != a.Head || len(a.Events) > 0 || a.More {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,7 @@ type Ledger struct {
 	attempts map[string]entry   // event id → what was tried, outcome unknown
 	logged   map[int64]entry    // rows read from the log during the run
 	max      int64              // the newest sequence published or logged
+	min      int64              // the oldest sequence published or logged; 0: none yet
 	errs     []string
 }
 
@@ -65,6 +67,15 @@ func (l *Ledger) Published(ev replayd.Event) {
 	l.bySeq[ev.Sequence] = en
 	l.byID[ev.EventID] = max(l.byID[ev.EventID], ev.Sequence)
 	l.max = max(l.max, ev.Sequence)
+	l.min = minSeq(l.min, ev.Sequence)
+}
+
+// minSeq is min for a min that is 0 when nothing is recorded.
+func minSeq(cur, seq int64) int64 {
+	if cur == 0 {
+		return seq
+	}
+	return min(cur, seq)
 }
 
 // Attempted records a publish of ev (its Sequence ignored) whose outcome
@@ -91,6 +102,7 @@ func (l *Ledger) Logged(ev replayd.Event) {
 	}
 	l.logged[ev.Sequence] = en
 	l.max = max(l.max, ev.Sequence)
+	l.min = minSeq(l.min, ev.Sequence)
 }
 
 // Renewed records that a publish retrying the event id of event prior
@@ -114,6 +126,19 @@ func (l *Ledger) Max() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.max
+}
+
+// Stale returns a random cursor from just below the oldest sequence
+// recorded to the newest (0 if none): a cursor of this log's history,
+// unless it falls in a range the sequence floor skipped (a hub opened
+// meanwhile), where the log never issued it.
+func (l *Ledger) Stale(rng *rand.Rand) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.min == 0 {
+		return 0
+	}
+	return l.min - 1 + rng.Int64N(l.max-l.min+2)
 }
 
 // Last returns the newest sequence published or logged that scope (its

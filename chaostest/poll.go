@@ -89,7 +89,7 @@ func (e *env) pollClient(idx int, rng *rand.Rand) (sessions []*PollSession, reac
 		case r < 15:
 			s.Mode = "fresh"
 		case r < 18:
-			s.Mode, cursor = "stale", strconv.FormatInt(rng.Int64N(e.ledger.Max()+1), 10)
+			s.Mode, cursor = "stale", strconv.FormatInt(e.ledger.Stale(rng), 10)
 		case r < 19:
 			s.Mode, cursor = "future", strconv.FormatInt(e.ledger.Max()+1_000_000+rng.Int64N(1000), 10)
 		default:

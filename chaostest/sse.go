@@ -56,7 +56,7 @@ func (e *env) client(idx int, rng *rand.Rand) clientResult {
 			c.Mode = "fresh"
 		case r < 17:
 			c.Mode = "stale"
-			c.Sent = strconv.FormatInt(rng.Int64N(e.ledger.Max()+1), 10)
+			c.Sent = strconv.FormatInt(e.ledger.Stale(rng), 10)
 		case r < 18:
 			c.Mode = "future"
 			c.Sent = strconv.FormatInt(e.ledger.Max()+1_000_000+rng.Int64N(1000), 10)

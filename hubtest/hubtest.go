@@ -27,11 +27,13 @@
 // business, with t.Cleanup; a subtest may close a hub itself first
 // (EventHub.Close is idempotent).
 //
-// Many subtests name exact sequences: they expect a fresh log's first
-// event to get sequence 1, and each stored event the next integer, as the
-// SQLite and PostgreSQL stores do when no append is refused. (The Store
-// contract allows holes; a store that makes them where these subtests do
-// not refuse anything fails them.)
+// Many subtests name exact sequences, relative to the head read once the
+// hub is open (a log's head is not 0 once it was opened: the sequence
+// floor of replayd.Store): they expect the k-th event published after it
+// to get the head plus k, each stored event the next integer, as the
+// SQLite and PostgreSQL stores do when no append is refused and no store
+// opens the log meanwhile. (The Store contract allows holes; a store that
+// makes them where these subtests do not refuse anything fails them.)
 //
 // Some subtests wait for the clock to move on (created_at and MaxAge have
 // millisecond precision): tens of milliseconds each, bounded.
@@ -39,6 +41,7 @@ package hubtest
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -189,3 +192,37 @@ func waitClock(t testing.TB, at time.Time, d time.Duration) {
 }
 
 func i64p(v int64) *int64 { return &v }
+
+// headOf returns h's head. The head of a log is not 0 once it was opened
+// (the sequence floor: see replayd.Store), so the subtests that name
+// sequences name them relative to the head read after the last open: the
+// k-th event published after it is headOf+k.
+func headOf(t testing.TB, h *replayd.EventHub) int64 {
+	t.Helper()
+	head, err := h.LatestSequence(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return head
+}
+
+// rel returns base+n for each n: sequences named relative to a head.
+func rel(base int64, ns ...int64) []int64 {
+	if ns == nil {
+		return nil
+	}
+	out := make([]int64, len(ns))
+	for i, n := range ns {
+		out[i] = base + n
+	}
+	return out
+}
+
+// relIDs returns the SSE ids of the sequences base+n.
+func relIDs(base int64, ns ...int64) []string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = fmt.Sprint(base + n)
+	}
+	return out
+}

@@ -64,6 +64,7 @@ func testPollFreshRequest(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := wiretest.ServePoll(t, h)
+	b := headOf(t, h)
 	for range 3 {
 		mustPublish(t, h, "a", 1)
 	}
@@ -73,7 +74,7 @@ func testPollFreshRequest(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	for _, q := range []string{"topic=a", "topic=a&cursor=", "topic=a&cursor=&limit=&wait="} {
 		p := wiretest.Poll(t, base, q)
-		if p.Cursor != 3 || p.Head != 3 || p.Gap != nil || len(p.Events) != 0 || p.More {
+		if p.Cursor != b+3 || p.Head != b+3 || p.Gap != nil || len(p.Events) != 0 || p.More {
 			t.Fatalf("%q: %+v", q, p)
 		}
 	}
@@ -157,37 +158,38 @@ func testPollGaps(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	base := wiretest.ServePoll(t, h)
+	b := headOf(t, h) // sequences below are relative to it
 	for i := range 6 {
 		mustPublish(t, h, []string{"a", "b"}[i%2], i) // 1..6: a b a b a b
 	}
 	if _, err := h.Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 3}); err != nil {
 		t.Fatal(err) // deletes 1..3: watermarks a=3, b=2
 	}
-	p := wiretest.Poll(t, base, "topic=a&cursor=1&limit=5")
-	if p.Gap == nil || p.Gap.Reason != "pruned" || *p.Gap.ResumedFrom != 1 || *p.Gap.MissedFrom != 2 ||
-		*p.Gap.MissedThrough != 3 || p.Gap.Missed != nil || p.Gap.ReplayLimit != 5 {
+	p := wiretest.Poll(t, base, fmt.Sprintf("topic=a&cursor=%d&limit=5", b+1))
+	if p.Gap == nil || p.Gap.Reason != "pruned" || *p.Gap.ResumedFrom != b+1 || *p.Gap.MissedFrom != b+2 ||
+		*p.Gap.MissedThrough != b+3 || p.Gap.Missed != nil || p.Gap.ReplayLimit != 5 {
 		t.Fatalf("pruned: %+v", p)
 	}
-	if !slices.Equal(p.IDs(), []int64{5}) || p.Cursor != 5 {
+	if !slices.Equal(p.IDs(), rel(b, 5)) || p.Cursor != b+5 {
 		t.Fatalf("after the pruned gap: %v cursor %d", p.IDs(), p.Cursor)
 	}
 	// At the watermark: no gap.
-	if p := wiretest.Poll(t, base, "topic=a&cursor=3"); p.Gap != nil || !slices.Equal(p.IDs(), []int64{5}) {
+	if p := wiretest.Poll(t, base, fmt.Sprintf("topic=a&cursor=%d", b+3)); p.Gap != nil || !slices.Equal(p.IDs(), rel(b, 5)) {
 		t.Fatalf("at the watermark: %+v", p)
 	}
 	// b's watermark is 2: cursor 2 is clean for b, not for the scope a+b.
-	if p := wiretest.Poll(t, base, "topic=b&cursor=2"); p.Gap != nil {
+	if p := wiretest.Poll(t, base, fmt.Sprintf("topic=b&cursor=%d", b+2)); p.Gap != nil {
 		t.Fatalf("b at its watermark: %+v", p)
 	}
-	if p := wiretest.Poll(t, base, "topic=b&topic=a&cursor=2"); p.Gap == nil || *p.Gap.MissedThrough != 3 {
+	if p := wiretest.Poll(t, base, fmt.Sprintf("topic=b&topic=a&cursor=%d", b+2)); p.Gap == nil || *p.Gap.MissedThrough != b+3 {
 		t.Fatalf("a+b below a's watermark: %+v", p)
 	}
 	// Above the head: unknown_cursor, the cursor set to the head, no events,
 	// even with a wait.
 	start := time.Now()
-	p = wiretest.Poll(t, base, "topic=a&cursor=50&wait=5")
-	if p.Gap == nil || p.Gap.Reason != "unknown_cursor" || *p.Gap.ResumedFrom != 50 || p.Gap.MissedFrom != nil ||
-		p.Gap.MissedThrough != nil || p.Gap.Missed != nil || p.Cursor != 6 || p.Head != 6 || len(p.Events) != 0 {
+	p = wiretest.Poll(t, base, fmt.Sprintf("topic=a&cursor=%d&wait=5", b+50))
+	if p.Gap == nil || p.Gap.Reason != "unknown_cursor" || *p.Gap.ResumedFrom != b+50 || p.Gap.MissedFrom != nil ||
+		p.Gap.MissedThrough != nil || p.Gap.Missed != nil || p.Cursor != b+6 || p.Head != b+6 || len(p.Events) != 0 {
 		t.Fatalf("unknown cursor: %+v", p)
 	}
 	if time.Since(start) > 2*time.Second {

@@ -22,10 +22,11 @@ func testPublishStoresAndReturnsEvent(t *testing.T, newLog func(t *testing.T) op
 	open := newLog(t)
 	h := open(replayd.Options{DefaultType: "update"})
 	ctx := context.Background()
+	base := headOf(t, h)
 
 	before := time.Now().Add(-time.Second)
 	ev := mustPublish(t, h, "room-1", map[string]any{"n": 1})
-	if ev.Sequence != 1 || ev.Type != "update" || ev.Topic != "room-1" || string(ev.Payload) != `{"n":1}` {
+	if ev.Sequence != base+1 || ev.Type != "update" || ev.Topic != "room-1" || string(ev.Payload) != `{"n":1}` {
 		t.Fatalf("published %+v", ev)
 	}
 	if ev.CreatedAt.Before(before) || ev.CreatedAt.After(time.Now().Add(time.Second)) {
@@ -54,6 +55,7 @@ func testPublishStoresAndReturnsEvent(t *testing.T, newLog func(t *testing.T) op
 func testPublishRejectsBadInput(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
+	base := headOf(t, h)
 	long := strings.Repeat("x", 257)
 	cases := []struct {
 		name    string
@@ -98,8 +100,8 @@ func testPublishRejectsBadInput(t *testing.T, newLog func(t *testing.T) opener) 
 		}
 	}
 	head, err := h.LatestSequence(context.Background())
-	if err != nil || head != 0 {
-		t.Fatalf("head = %d, %v; want nothing stored", head, err)
+	if err != nil || head != base {
+		t.Fatalf("head = %d, %v; want %d: nothing stored", head, err, base)
 	}
 	// The limits themselves are fine.
 	mustPublish(t, h, strings.Repeat("t", 256), 1, replayd.WithType(strings.Repeat("y", 256)), replayd.WithEventID(strings.Repeat("i", 256)))
@@ -203,6 +205,7 @@ func testConcurrentPublishOrdering(t *testing.T, newLog func(t *testing.T) opene
 func testSubscribeUnsubscribe(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
+	base := headOf(t, h)
 	var got []int64
 	var unsub func()
 	unsub = h.Subscribe(func(ev replayd.Event) {
@@ -215,7 +218,7 @@ func testSubscribeUnsubscribe(t *testing.T, newLog func(t *testing.T) opener) {
 		mustPublish(t, h, "", 1)
 	}
 	unsub() // twice is fine
-	if !slices.Equal(got, []int64{1, 2}) {
+	if !slices.Equal(got, rel(base, 1, 2)) {
 		t.Fatalf("got %v", got)
 	}
 }
@@ -224,7 +227,8 @@ func testReplayScopes(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	ctx := context.Background()
-	// 1:a 2:b 3:bcast 4:a 5:b 6:a
+	// Relative to b, the head: 1:a 2:b 3:bcast 4:a 5:b 6:a
+	b := headOf(t, h)
 	publishTopics(t, h, "a", "b", "", "a", "b", "a")
 	l := h.Log()
 	cases := []struct {
@@ -233,12 +237,12 @@ func testReplayScopes(t *testing.T, newLog func(t *testing.T) opener) {
 		limit int
 		want  []int64
 	}{
-		{"a", 0, 10, []int64{1, 3, 4, 6}},
-		{"b", 0, 10, []int64{2, 3, 5}},
-		{"", 0, 10, []int64{1, 2, 3, 4, 5, 6}},
-		{"a", 1, 2, []int64{3, 4}},
-		{"c", 0, 10, []int64{3}},
-		{"", 6, 10, nil},
+		{"a", 0, 10, rel(b, 1, 3, 4, 6)},
+		{"b", b, 10, rel(b, 2, 3, 5)},
+		{"", 0, 10, rel(b, 1, 2, 3, 4, 5, 6)},
+		{"a", b + 1, 2, rel(b, 3, 4)},
+		{"c", 0, 10, rel(b, 3)},
+		{"", b + 6, 10, nil},
 	}
 	for _, tc := range cases {
 		evs, err := l.Replay(ctx, tc.topic, tc.since, tc.limit)
@@ -250,18 +254,18 @@ func testReplayScopes(t *testing.T, newLog func(t *testing.T) opener) {
 		}
 	}
 	latest, _ := l.ReplayLatest(ctx, "a", 0, 2)
-	if got := seqs(latest); !slices.Equal(got, []int64{4, 6}) {
+	if got := seqs(latest); !slices.Equal(got, rel(b, 4, 6)) {
 		t.Errorf("ReplayLatest(a, 0, 2) = %v", got)
 	}
-	latest, _ = l.ReplayLatest(ctx, "", 2, 3)
-	if got := seqs(latest); !slices.Equal(got, []int64{4, 5, 6}) {
+	latest, _ = l.ReplayLatest(ctx, "", b+2, 3)
+	if got := seqs(latest); !slices.Equal(got, rel(b, 4, 5, 6)) {
 		t.Errorf("ReplayLatest(\"\", 2, 3) = %v", got)
 	}
 	for _, tc := range []struct {
 		topic         string
 		after, before int64
 		want          int64
-	}{{"a", 0, 7, 4}, {"a", 1, 6, 2}, {"b", 0, 3, 1}, {"", 1, 6, 4}, {"zzz", 0, 100, 1}} {
+	}{{"a", 0, b + 7, 4}, {"a", b + 1, b + 6, 2}, {"b", b, b + 3, 1}, {"", b + 1, b + 6, 4}, {"zzz", 0, b + 100, 1}} {
 		n, err := l.CountBetween(ctx, tc.topic, tc.after, tc.before)
 		if err != nil || n != tc.want {
 			t.Errorf("CountBetween(%q, %d, %d) = %d, %v; want %d", tc.topic, tc.after, tc.before, n, err, tc.want)

@@ -173,12 +173,12 @@ func testSSEInvalidTopic(t *testing.T, newLog func(t *testing.T) opener) {
 		}
 	}
 	// TopicParam names the parameter; values are trimmed.
-	mustPublish(t, h, "lobby", 1)
+	ev := mustPublish(t, h, "lobby", 1)
 	c := wiretest.Dial(t, srv.URL+"?room=%20lobby%20&topic=ignored", wiretest.LastID(0))
 	if _, topic, _, _ := c.Hello(); topic == nil || *topic != "lobby" {
 		t.Fatalf("topic %v", topic)
 	}
-	if f := c.Next(); f.ID != "1" {
+	if f := c.Next(); f.ID != fmt.Sprint(ev.Sequence) {
 		t.Fatalf("got %+v", f)
 	}
 	// A blank topic is a global connection.
@@ -192,12 +192,13 @@ func testSSEFreshClientGetsHelloThenLive(t *testing.T, newLog func(t *testing.T)
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
+	base := headOf(t, h)
 	for range 3 {
 		mustPublish(t, h, "a", 1)
 	}
 	c := wiretest.Dial(t, srv.URL+"?topic=a", nil)
 	f, topic, cursor, head := c.Hello()
-	if *topic != "a" || cursor != 3 || head != 3 || f.ID != "3" {
+	if *topic != "a" || cursor != base+3 || head != base+3 || f.ID != fmt.Sprint(base+3) {
 		t.Fatalf("hello %+v", f)
 	}
 	ev := mustPublish(t, h, "a", "live")
@@ -216,16 +217,17 @@ func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) opener) {
 	for _, c := range []*wiretest.Client{a, b, g} {
 		c.Hello()
 	}
-	// 1:a 2:b 3:broadcast 4:c 5:a
+	// Relative to the head: 1:a 2:b 3:broadcast 4:c 5:a
+	base := headOf(t, h)
 	publishTopics(t, h, "a", "b", "", "c", "a")
-	for c, want := range map[*wiretest.Client][]string{a: {"1", "3", "5"}, b: {"2", "3"}, g: {"1", "2", "3", "4", "5"}} {
+	for c, want := range map[*wiretest.Client][]string{a: relIDs(base, 1, 3, 5), b: relIDs(base, 2, 3), g: relIDs(base, 1, 2, 3, 4, 5)} {
 		if got := wiretest.FrameIDs(c.Events(len(want))); !slices.Equal(got, want) {
 			t.Errorf("got %v, want %v", got, want)
 		}
 	}
 	// b got nothing more: the next frame is the sentinel.
 	mustPublish(t, h, "b", "sentinel")
-	if f := b.Next(); f.ID != "6" {
+	if f := b.Next(); f.ID != fmt.Sprint(base+6) {
 		t.Fatalf("b got %+v", f)
 	}
 }
@@ -233,28 +235,30 @@ func testSSETopicScopes(t *testing.T, newLog func(t *testing.T) opener) {
 // Resuming within the replay limit: exactly what was missed, in order, no
 // gap, then live; by header or by the lastEventId query parameter.
 func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
-	setup := func(t *testing.T) (*replayd.EventHub, string) {
-		h := newLog(t)(replayd.Options{})
-		publishTopics(t, h, "a", "b", "", "a", "b") // 1..5
-		return h, serve(t, h).URL
+	// Relative to the head b: 1..5.
+	setup := func(t *testing.T) (h *replayd.EventHub, url string, b int64) {
+		h = newLog(t)(replayd.Options{})
+		b = headOf(t, h)
+		publishTopics(t, h, "a", "b", "", "a", "b")
+		return h, serve(t, h).URL, b
 	}
 	for _, tc := range []struct {
 		name   string
-		query  string
-		header http.Header
+		query  func(b int64) string
+		header func(b int64) http.Header
 	}{
-		{"header", "?topic=a", wiretest.LastID(1)},
-		{"query", "?topic=a&lastEventId=1", nil},
-		{"header wins", "?topic=a&lastEventId=4", wiretest.LastID(1)},
+		{"header", func(int64) string { return "?topic=a" }, func(b int64) http.Header { return wiretest.LastID(b + 1) }},
+		{"query", func(b int64) string { return fmt.Sprintf("?topic=a&lastEventId=%d", b+1) }, func(int64) http.Header { return nil }},
+		{"header wins", func(b int64) string { return fmt.Sprintf("?topic=a&lastEventId=%d", b+4) }, func(b int64) http.Header { return wiretest.LastID(b + 1) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, url := setup(t)
-			c := wiretest.Dial(t, url+tc.query, tc.header)
+			h, url, b := setup(t)
+			c := wiretest.Dial(t, url+tc.query(b), tc.header(b))
 			_, _, cursor, head := c.Hello()
-			if cursor != 1 || head != 5 {
+			if cursor != b+1 || head != b+5 {
 				t.Fatalf("cursor %d head %d", cursor, head)
 			}
-			if got := wiretest.FrameIDs(c.Events(2)); !slices.Equal(got, []string{"3", "4"}) {
+			if got := wiretest.FrameIDs(c.Events(2)); !slices.Equal(got, relIDs(b, 3, 4)) {
 				t.Fatalf("replayed %v", got)
 			}
 			ev := mustPublish(t, h, "a", "live")
@@ -262,14 +266,14 @@ func testSSEResumeExact(t *testing.T, newLog func(t *testing.T) opener) {
 		})
 	}
 	t.Run("from zero and at the head", func(t *testing.T) {
-		h, url := setup(t)
+		h, url, b := setup(t)
 		c := wiretest.Dial(t, url+"?topic=b", wiretest.LastID(0))
 		c.Hello()
-		if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, []string{"2", "3", "5"}) {
+		if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, relIDs(b, 2, 3, 5)) {
 			t.Fatalf("from 0: %v", got)
 		}
-		c = wiretest.Dial(t, url+"?topic=b", wiretest.LastID(5))
-		if _, _, cursor, _ := c.Hello(); cursor != 5 {
+		c = wiretest.Dial(t, url+"?topic=b", wiretest.LastID(b+5))
+		if _, _, cursor, _ := c.Hello(); cursor != b+5 {
 			t.Fatalf("cursor %d", cursor)
 		}
 		ev := mustPublish(t, h, "b", "next")
@@ -284,7 +288,8 @@ func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 3}})
 	srv := serve(t, h)
-	// 1:a 2:x 3:a 4:bcast 5:x 6:a 7:x 8:a 9:a 10:x
+	// Relative to the head b: 1:a 2:x 3:a 4:bcast 5:x 6:a 7:x 8:a 9:a 10:x
+	b := headOf(t, h)
 	publishTopics(t, h, "a", "x", "a", "", "x", "a", "x", "a", "a", "x")
 	cases := []struct {
 		name     string
@@ -297,33 +302,37 @@ func testSSEGapReplayLimit(t *testing.T, newLog func(t *testing.T) opener) {
 	}{
 		// Visible to a above 1: 3,4,6,8,9. Window 6,8,9; missed 3,4.
 		{"topic", "?topic=a", 1, 3, 4, 2, []string{"6", "8", "9"}},
-		// Visible above 0: 1..10. Window 8,9,10; missed 1..7.
+		// Visible above the head b (0 is the same): 1..10. Window 8,9,10; missed 1..7.
 		{"global", "", 0, 1, 7, 7, []string{"8", "9", "10"}},
 		// Visible to x above 2: 4,5,7,10. Window 5,7,10; missed 4.
 		{"topic one missed", "?topic=x", 2, 4, 4, 1, []string{"5", "7", "10"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := wiretest.Dial(t, srv.URL+tc.url, wiretest.LastID(tc.cursor))
+			cur := b + tc.cursor
+			if tc.cursor == 0 {
+				cur = 0
+			}
+			c := wiretest.Dial(t, srv.URL+tc.url, wiretest.LastID(cur))
 			_, _, cursor, head := c.Hello()
-			if cursor != tc.cursor || head != 10 {
+			if cursor != cur || head != b+10 {
 				t.Fatalf("hello cursor %d head %d", cursor, head)
 			}
 			g := wiretest.MustGap(t, c.Next())
-			want := gapJSON{Reason: "replay_limit", ResumedFrom: i64p(tc.cursor), MissedFrom: i64p(tc.from),
-				MissedThrough: i64p(tc.through), Missed: i64p(tc.missed), ReplayLimit: 3}
+			want := gapJSON{Reason: "replay_limit", ResumedFrom: i64p(cur), MissedFrom: i64p(b + tc.from),
+				MissedThrough: i64p(b + tc.through), Missed: i64p(tc.missed), ReplayLimit: 3}
 			if g.String() != want.String() {
 				t.Fatalf("gap %s, want %s", g.String(), want.String())
 			}
-			if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, tc.replayed) {
+			if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, relIDs(b, atoi(t, tc.replayed)...)) {
 				t.Fatalf("replayed %v, want %v", got, tc.replayed)
 			}
 		})
 	}
 	// Exactly at the limit: no gap.
-	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(4))
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(b+4))
 	c.Hello()
-	if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, []string{"6", "8", "9"}) {
+	if got := wiretest.FrameIDs(c.Events(3)); !slices.Equal(got, relIDs(b, 6, 8, 9)) {
 		t.Fatalf("at the limit: %v", got)
 	}
 }
@@ -333,11 +342,12 @@ func testSSEGapNegativeReplayLimit(t *testing.T, newLog func(t *testing.T) opene
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: -1}})
 	srv := serve(t, h)
+	b := headOf(t, h)
 	publishTopics(t, h, "a", "b", "a")
 	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(0))
 	c.Hello()
 	g := wiretest.MustGap(t, c.Next())
-	want := gapJSON{Reason: "replay_limit", ResumedFrom: i64p(0), MissedFrom: i64p(1), MissedThrough: i64p(3), Missed: i64p(2), ReplayLimit: 0}
+	want := gapJSON{Reason: "replay_limit", ResumedFrom: i64p(0), MissedFrom: i64p(b + 1), MissedThrough: i64p(b + 3), Missed: i64p(2), ReplayLimit: 0}
 	if g.String() != want.String() {
 		t.Fatalf("gap %s", g.String())
 	}
@@ -356,7 +366,8 @@ func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 2}})
 	srv := serve(t, h)
 	ctx := context.Background()
-	// 1:a 2:b 3:a 4:b 5:b 6:b 7:a 8:b 9:b 10:b
+	// Relative to the head b: 1:a 2:b 3:a 4:b 5:b 6:b 7:a 8:b 9:b 10:b
+	b := headOf(t, h)
 	publishTopics(t, h, "a", "b", "a", "b", "b", "b", "a", "b", "b", "b")
 	// Delete 1..5: watermarks a=3, b=5.
 	if n, err := h.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 5}); err != nil || n != 5 {
@@ -383,16 +394,20 @@ func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := wiretest.Dial(t, srv.URL+tc.url, wiretest.LastID(tc.cursor))
-			if _, _, cursor, _ := c.Hello(); cursor != tc.cursor {
+			c := wiretest.Dial(t, srv.URL+tc.url, wiretest.LastID(b+tc.cursor))
+			if _, _, cursor, _ := c.Hello(); cursor != b+tc.cursor {
 				t.Fatalf("cursor %d", cursor)
 			}
 			if tc.want != nil {
-				if g := wiretest.MustGap(t, c.Next()); g.String() != tc.want.String() {
-					t.Fatalf("gap %s, want %s", g.String(), tc.want.String())
+				want := *tc.want
+				for _, p := range []**int64{&want.ResumedFrom, &want.MissedFrom, &want.MissedThrough} {
+					*p = i64p(b + **p)
+				}
+				if g := wiretest.MustGap(t, c.Next()); g.String() != want.String() {
+					t.Fatalf("gap %s, want %s", g.String(), want.String())
 				}
 			}
-			if got := wiretest.FrameIDs(c.Events(len(tc.replayed))); !slices.Equal(got, tc.replayed) {
+			if got := wiretest.FrameIDs(c.Events(len(tc.replayed))); !slices.Equal(got, relIDs(b, atoi(t, tc.replayed)...)) {
 				t.Fatalf("replayed %v, want %v", got, tc.replayed)
 			}
 		})
@@ -403,10 +418,10 @@ func testSSEGapPruned(t *testing.T, newLog func(t *testing.T) opener) {
 	if _, err := h.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 1}); err != nil {
 		t.Fatal(err)
 	}
-	c := wiretest.Dial(t, srv.URL+"?topic=c", wiretest.LastID(10))
+	c := wiretest.Dial(t, srv.URL+"?topic=c", wiretest.LastID(b+10))
 	c.Hello()
 	g := wiretest.MustGap(t, c.Next())
-	if g.Reason != "pruned" || *g.MissedFrom != 11 || *g.MissedThrough != 11 || g.Missed != nil {
+	if g.Reason != "pruned" || *g.MissedFrom != b+11 || *g.MissedThrough != b+11 || g.Missed != nil {
 		t.Fatalf("gap %s", g.String())
 	}
 }
@@ -417,14 +432,14 @@ func testSSEGapUnknownCursor(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
 	srv := serve(t, h)
-	mustPublish(t, h, "a", 1)
-	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(1000))
+	ev1 := mustPublish(t, h, "a", 1)
+	c := wiretest.Dial(t, srv.URL+"?topic=a", wiretest.LastID(ev1.Sequence+1000))
 	f, _, cursor, head := c.Hello()
-	if cursor != 1 || head != 1 || f.ID != "1" {
+	if cursor != ev1.Sequence || head != ev1.Sequence || f.ID != fmt.Sprint(ev1.Sequence) {
 		t.Fatalf("hello %+v", f)
 	}
 	g := wiretest.MustGap(t, c.Next())
-	if want := (gapJSON{Reason: "unknown_cursor", ResumedFrom: i64p(1000), ReplayLimit: 100}); g.String() != want.String() {
+	if want := (gapJSON{Reason: "unknown_cursor", ResumedFrom: i64p(ev1.Sequence + 1000), ReplayLimit: 100}); g.String() != want.String() {
 		t.Fatalf("gap %s", g.String())
 	}
 	ev := mustPublish(t, h, "a", 2)
@@ -518,6 +533,7 @@ func testSSEMultiLinePayload(t *testing.T, newLog func(t *testing.T) opener) {
 		"\n\n[1]\n\n",
 		`"data: not a field\nid: 99"`,
 	}
+	base := headOf(t, h)
 	for _, p := range payloads {
 		mustPublish(t, h, "a", json.RawMessage(p))
 	}
@@ -526,7 +542,7 @@ func testSSEMultiLinePayload(t *testing.T, newLog func(t *testing.T) opener) {
 	c.Hello()
 	for i, p := range payloads {
 		f := c.Next()
-		if f.Data != p || f.ID != fmt.Sprint(i+1) || f.Event != "message" {
+		if f.Data != p || f.ID != fmt.Sprint(base+int64(i)+1) || f.Event != "message" {
 			t.Errorf("payload %d arrived as %q (id %s), want %q", i, f.Data, f.ID, p)
 		}
 	}
@@ -605,6 +621,7 @@ func testSSEConcurrentPublishAndConnect(t *testing.T, newLog func(t *testing.T) 
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 100000}})
 	srv := serve(t, h)
+	base := headOf(t, h)
 	const writers, each = 8, 60
 	var wg sync.WaitGroup
 	for w := range writers {
@@ -630,7 +647,7 @@ func testSSEConcurrentPublishAndConnect(t *testing.T, newLog func(t *testing.T) 
 		c.Hello()
 		got := c.Events(total)
 		for j, f := range got {
-			if f.ID != strconv.Itoa(j+1) {
+			if f.ID != strconv.FormatInt(base+int64(j)+1, 10) {
 				t.Fatalf("client %d: frame %d has id %s", i, j, f.ID)
 			}
 		}
@@ -688,7 +705,7 @@ func testSSEOverHTTP2(t *testing.T, newLog func(t *testing.T) opener) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	mustPublish(t, h, "a", 1)
+	first := mustPublish(t, h, "a", 1)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -718,7 +735,7 @@ func testSSEOverHTTP2(t *testing.T, newLog func(t *testing.T) opener) {
 	if f := next(); f.Event != "hello" {
 		t.Fatalf("first frame %+v", f)
 	}
-	if f := next(); f.ID != "1" {
+	if f := next(); f.ID != fmt.Sprint(first.Sequence) {
 		t.Fatalf("replayed %+v", f)
 	}
 	ev := mustPublish(t, h, "a", 2)
@@ -761,4 +778,16 @@ func testSSEResyncWhenRowsPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *
 		t.Fatalf("gap %s", g.String())
 	}
 	c.NextIs(ev.Sequence, "after the gap")
+}
+
+// atoi parses decimal ids, failing the test on one that is not.
+func atoi(t testing.TB, ids []string) []int64 {
+	t.Helper()
+	out := make([]int64, len(ids))
+	for i, id := range ids {
+		if _, err := fmt.Sscan(id, &out[i]); err != nil {
+			t.Fatalf("id %q: %v", id, err)
+		}
+	}
+	return out
 }

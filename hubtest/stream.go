@@ -26,7 +26,7 @@ func testSSERetryInHelloBlock(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{Retry: 2 * time.Second, HeartbeatInterval: -1}})
 	srv := serve(t, h)
-	mustPublish(t, h, "", 1)
+	ev := mustPublish(t, h, "", 1)
 	resp, err := http.Get(srv.URL + "?topic=room")
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func testSSERetryInHelloBlock(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 	// The hello's data is checked elsewhere; here its place in the block.
 	got := block.String()
-	if !strings.HasPrefix(got, "retry: 2000\nid: 1\nevent: hello\ndata: {") || strings.Count(got, "\n") != 5 {
+	if !strings.HasPrefix(got, fmt.Sprintf("retry: 2000\nid: %d\nevent: hello\ndata: {", ev.Sequence)) || strings.Count(got, "\n") != 5 {
 		t.Fatalf("first block %q, want retry, id, event and one data line", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -716,4 +717,52 @@ func BenchmarkReadPages(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkForeignLookup measures what the sequence floor adds to every
+// snapshot read (Handshake, Window, Read, Poll): the skipped-range probe
+// folded into the statement that reads the head. It times a poll's Read
+// (10 events of a topic, one round trip) with the store's statement and
+// with the same statement without the probe, in alternation in one loop
+// (medians of the rounds, so that a busy machine's preemptions do not
+// swamp the difference), on a log opened 1,000 times.
+func BenchmarkForeignLookup(b *testing.B) {
+	s, prefix := openTestStore(b)
+	ctx := context.Background()
+	pool := testPool(b)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+prefix+`skips (after, through)
+		SELECT h.seq + (i - 1) * 1000, h.seq + i * 1000 FROM `+prefix+`head h, generate_series(1, 1000) i`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+prefix+`head SET seq = seq + 1000 * 1000`); err != nil {
+		b.Fatal(err)
+	}
+	appendN(b, s, 1000, []string{"a", "b"}, "f")
+	head, err := s.Head(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cursor := head - 20
+	withProbe := s.q.headForeign
+	noProbe := render(`SELECT h.seq, $1::bigint > h.seq FROM %[1]shead h WHERE h.id = 1`, prefix)
+	read := func(q string) time.Duration {
+		s.q.headForeign = q
+		start := time.Now()
+		p, err := s.Read(ctx, replayd.ReadRequest{Scope: []string{"a"}, After: cursor, Limit: 10})
+		if err != nil || len(p.Events) != 10 || p.Foreign {
+			b.Fatalf("read: %d events, foreign %v, %v", len(p.Events), p.Foreign, err)
+		}
+		return time.Since(start)
+	}
+	var tWith, tWithout, tDiff []float64
+	for b.Loop() {
+		without, with := read(noProbe), read(withProbe)
+		tWith, tWithout = append(tWith, float64(with)), append(tWithout, float64(without))
+		tDiff = append(tDiff, float64(with-without))
+	}
+	s.q.headForeign = withProbe
+	median := func(xs []float64) float64 { slices.Sort(xs); return xs[len(xs)/2] }
+	b.ReportMetric(median(tWithout), "read-ns")
+	b.ReportMetric(median(tWith), "read+probe-ns")
+	b.ReportMetric(median(tDiff), "probe-ns")
 }

@@ -94,7 +94,7 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 	if s.isClosed() {
 		return ErrClosed
 	}
-	return s.ensureSchema(ctx)
+	return s.ensureSchema(ctx, false)
 }
 
 // Read reads, in one REPEATABLE READ READ ONLY transaction (one round
@@ -137,7 +137,7 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Pa
 	default:
 		query, args = s.q.oldestGlobal, append(args, req.After, limit+1)
 	}
-	err = s.scopeSnapshot(ctx, topics, &p.Head, &p.Watermark, func(b *pgx.Batch) {
+	err = s.scopeSnapshot(ctx, topics, req.After, &p.Head, &p.Foreign, &p.Watermark, func(b *pgx.Batch) {
 		b.Queue(query, args...)
 	}, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
@@ -205,7 +205,7 @@ func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 		seqs       []int64
 		total, fst int64
 	)
-	err = s.scopeSnapshot(ctx, topics, &w.Head, &w.Watermark, func(b *pgx.Batch) {
+	err = s.scopeSnapshot(ctx, topics, cursor, &w.Head, &w.Foreign, &w.Watermark, func(b *pgx.Batch) {
 		// One sequence more than the window: the newest skipped one.
 		b.Queue(newest, append(args, cursor, limit+1)...)
 		b.Queue(count, append(args, cursor)...)
@@ -223,8 +223,8 @@ func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 	if err != nil {
 		return replayd.Window{}, fmt.Errorf("replaydpg: window: %w", err)
 	}
-	if cursor >= w.Head {
-		return replayd.Window{Head: w.Head}, nil
+	if cursor >= w.Head || w.Foreign {
+		return replayd.Window{Head: w.Head, Foreign: w.Foreign}, nil
 	}
 	w.From = w.Head + 1
 	if n := min(len(seqs), limit); n > 0 {

@@ -73,6 +73,7 @@ func TestQueryPlans(t *testing.T) {
 	// on them may differ between the two (a range bounded by two
 	// parameters is estimated at 0.5% of the table without them).
 	analyzed := false
+	planN := 0 // names the prepared statements
 	for _, pass := range []struct {
 		stats  bool
 		topics []string
@@ -117,8 +118,11 @@ func TestQueryPlans(t *testing.T) {
 					// the server and EXPLAINed as EXECUTE: a prepared
 					// EXPLAIN plans its query with the parameters' values,
 					// a custom plan whatever the mode.
-					name := fmt.Sprintf("plan_%v_%s_%d_%d", stats, mode, cursor, len(topics))
-					name = strings.NewReplacer(" ", "_", ",", "").Replace(name + "_" + q.name)
+					// Numbered: a name past 63 bytes is truncated by the
+					// server (cursors are sequences near the clock in
+					// microseconds: the sequence floor).
+					planN++
+					name := fmt.Sprintf("plan_%d", planN)
 					if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+q.sql); err != nil {
 						t.Fatal(err)
 					}

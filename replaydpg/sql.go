@@ -17,6 +17,8 @@ import "strings"
 //     serialises appends; it never goes backwards, whatever is deleted.
 //   - p+"watermarks": per topic (the empty string for broadcasts), the
 //     highest sequence retention deleted.
+//   - p+"skips": the sequence floor's skipped ranges (see Open): the
+//     sequences strictly between after and through were never issued.
 //
 // One index on (topic, sequence) serves every group, broadcasts (NULL)
 // included: a scope's reads are one index range scan per group, merged by
@@ -47,12 +49,39 @@ var schema = []string{
 		ord        bigint      NOT NULL,
 		created_at timestamptz NOT NULL
 	)`,
-	`INSERT INTO %[1]shead (id, seq, ord, created_at) VALUES (1, 0, 0, '-infinity') ON CONFLICT (id) DO NOTHING`,
 	`CREATE TABLE IF NOT EXISTS %[1]swatermarks (
 		topic    text   PRIMARY KEY, -- '' for broadcasts
 		sequence bigint NOT NULL
 	)`,
+	`CREATE TABLE IF NOT EXISTS %[1]sskips (
+		after   bigint PRIMARY KEY, -- the head when the log was opened
+		through bigint NOT NULL     -- the head it was raised to
+	)`,
 }
+
+// The head row and the sequence floor (Open; see raiseHead).
+const (
+	// qHeadRow locks the head row, waiting for appends in flight.
+	qHeadRow = `SELECT seq FROM %[1]shead WHERE id = 1 FOR UPDATE`
+
+	// qHighest: the highest sequence that exists or existed, as far as the
+	// tables tell (rows, watermarks, skipped ranges), with the newest row's
+	// global ordinal and created_at, and the server's clock in Unix
+	// microseconds (the same on every node).
+	qHighest = `SELECT greatest(
+			coalesce((SELECT e.sequence FROM %[1]sevents e ORDER BY e.sequence DESC LIMIT 1), 0),
+			coalesce((SELECT max(w.sequence) FROM %[1]swatermarks w), 0),
+			coalesce((SELECT max(k.through) FROM %[1]sskips k), 0)),
+		coalesce((SELECT e.global_ord FROM %[1]sevents e ORDER BY e.sequence DESC LIMIT 1), 0),
+		coalesce((SELECT e.created_at FROM %[1]sevents e ORDER BY e.sequence DESC LIMIT 1), '-infinity'),
+		(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
+
+	qInsertHead = `INSERT INTO %[1]shead (id, seq, ord, created_at) VALUES (1, $1, $2, $3)`
+	qRaiseHead  = `UPDATE %[1]shead SET seq = $1, ord = greatest(ord, $2), created_at = greatest(created_at, $3) WHERE id = 1`
+	qSkip       = `INSERT INTO %[1]sskips (after, through) VALUES ($1, $2)
+		ON CONFLICT (after) DO UPDATE SET through = greatest(%[1]sskips.through, excluded.through)`
+	qJump = `UPDATE %[1]shead SET seq = $1 WHERE id = 1`
+)
 
 // qSchemaColumns checks that an events table found under the prefix is ours.
 const qSchemaColumns = `SELECT count(*) FROM pg_attribute
@@ -174,6 +203,18 @@ const qProbe = `SELECT set_config('lock_timeout', $1, true), set_config('synchro
 // Reads.
 const (
 	qHead = `SELECT seq FROM %[1]shead WHERE id = 1`
+
+	// qHeadForeign: the head, and whether the cursor $1 is foreign to the
+	// log: above the head, or strictly inside a skipped range. Ranges never
+	// overlap and end at or below the head, so only the one starting
+	// nearest below the cursor can hold it: one index probe. A range
+	// ending above the head (the head reset from outside) is ignored.
+	// The probe is a LATERAL, not a scalar subquery under BETWEEN, which
+	// the planner expands into two comparisons and runs twice.
+	qHeadForeign = `SELECT h.seq, $1::bigint > h.seq OR coalesce(k.through > $1::bigint AND k.through <= h.seq, false)
+		FROM %[1]shead h LEFT JOIN LATERAL (SELECT s.through FROM %[1]sskips s
+			WHERE s.after < $1::bigint ORDER BY s.after DESC LIMIT 1) k ON true
+		WHERE h.id = 1`
 
 	qReadAfter = `SELECT ` + eventColumns + ` FROM %[1]sevents e WHERE e.sequence > $1 ORDER BY e.sequence LIMIT $2`
 

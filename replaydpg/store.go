@@ -10,6 +10,23 @@
 // from the assignment to the commit; every read is then a plain
 // "sequence > cursor" index scan.
 //
+// Log identity (docs/restore.md): Open, on every node, in one
+// transaction under the head row's lock, raises the head to the server's
+// clock_timestamp() in Unix microseconds if it is below, recording the
+// skipped range in prefix+"skips"; a cursor strictly inside a skipped range
+// or above the head is foreign (Window's and Read's Foreign; an
+// unknown_cursor gap), so a log restored with pg_dump/pg_restore, or from a
+// physical backup, never hands a client another history under the same
+// sequences. Open never sets the head below the highest sequence that
+// exists or existed as far as the tables tell (rows, watermarks, skipped
+// ranges): a head row lost (deleted, left out of a partial restore) or
+// lowered is recreated or raised from them, with the global ordinal and
+// created_at of the newest row, before the floor is raised. Open refuses,
+// with an error saying what to do, when it had to recreate or raise the
+// head row and the server's clock is not above the highest sequence found:
+// sequences above it may have been issued, and nothing tells which.
+// EnsureSchema makes the same repair, and raises the floor only after one.
+//
 // Decisions beyond the Store contract:
 //   - created_at is the server's clock_timestamp() taken under the head lock,
 //     raised to the previous batch's if the clock stepped back; it has
@@ -197,6 +214,8 @@ type Store struct {
 
 type queries struct {
 	lock, appendNew, append, head, readAfter, watermark    string
+	headForeign, headRow, highest, insertHead, raiseHead   string
+	skip, jump                                             string
 	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
 	newestSeqGlobal, newestSeqTopics                       string
 	pageGlobal, pageTopics                                 string
@@ -285,6 +304,8 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		q: queries{
 			lock: render(qLock, p), appendNew: render(qAppendNew, p), append: render(qAppend, p),
 			head: render(qHead, p), readAfter: render(qReadAfter, p), watermark: render(qWatermark, p),
+			headForeign: render(qHeadForeign, p), headRow: render(qHeadRow, p), highest: render(qHighest, p),
+			insertHead: render(qInsertHead, p), raiseHead: render(qRaiseHead, p), skip: render(qSkip, p), jump: render(qJump, p),
 			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
 			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
 			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
@@ -300,7 +321,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	}
 	s.connCfg.RuntimeParams["application_name"] = name
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	if err := s.ensureSchema(ctx); err != nil {
+	if err := s.ensureSchema(ctx, true); err != nil {
 		s.cancel()
 		pool.Close()
 		return nil, fmt.Errorf("replaydpg: open: %w", err)
@@ -321,10 +342,15 @@ func dsnSets(dsn, key string) bool {
 
 // ensureSchema creates the tables in one transaction, under an advisory
 // lock so that nodes starting together do not race on CREATE ... IF NOT
-// EXISTS (which is not atomic against itself).
-func (s *Store) ensureSchema(ctx context.Context) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "replayd schema "+s.prefix); err != nil {
+// EXISTS (which is not atomic against itself), then, in a second one,
+// makes sure of the head row (see raiseHead), raising the sequence floor
+// if floor is set. Two transactions, because the first locks the events
+// table (CREATE INDEX IF NOT EXISTS) and an append takes the head row's
+// lock before the table's: taking the head row's after the table's would
+// deadlock with it.
+func (s *Store) ensureSchema(ctx context.Context, floor bool) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.schemaLock(ctx, tx); err != nil {
 			return err
 		}
 		for i, stmt := range schema {
@@ -346,6 +372,83 @@ func (s *Store) ensureSchema(ctx context.Context) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The advisory lock first: with the head row missing, another node's
+		// Open would recreate it too.
+		if err := s.schemaLock(ctx, tx); err != nil {
+			return err
+		}
+		return s.raiseHead(ctx, tx, floor)
+	})
+}
+
+// schemaLock takes the advisory lock of the log's schema, held until tx
+// ends.
+func (s *Store) schemaLock(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "replayd schema "+s.prefix)
+	return err
+}
+
+// errHeadUnknown is raiseHead's refusal: the head row was missing or
+// below the log, and the clock cannot put the head above every sequence
+// the log may have issued.
+var errHeadUnknown = errors.New("the head row was missing or below the highest sequence stored, and the server's clock (in microseconds) is not above it: cannot tell which sequences this log issued; set the clock right, or the head row (UPDATE <prefix>head SET seq = …) to a sequence above every one the log ever issued")
+
+// raiseHead, in tx, under the head row's lock (or, if the row is missing,
+// the schema's advisory lock, without which no append can commit): makes
+// sure the head is at or above the highest sequence that exists or existed
+// as far as the tables tell (rows, watermarks, skipped ranges), recreating
+// or raising the head row from them if it was lost or lowered from
+// outside; then, if floor is set, raises the sequence floor: the head to
+// the server's clock in Unix microseconds, if it is below, recording the
+// skipped range. A head row it recreated or raised is followed by a raise
+// of the floor, floor set or not (the tables do not tell what was issued
+// above their highest sequence); if the clock is not above the head, it
+// refuses with errHeadUnknown.
+func (s *Store) raiseHead(ctx context.Context, tx pgx.Tx, floor bool) error {
+	var head int64
+	err := tx.QueryRow(ctx, s.q.headRow).Scan(&head)
+	missing := errors.Is(err, pgx.ErrNoRows)
+	if err != nil && !missing {
+		return err
+	}
+	var (
+		highest, ord, now int64
+		created           pgtype.Timestamptz
+	)
+	if err := tx.QueryRow(ctx, s.q.highest).Scan(&highest, &ord, &created, &now); err != nil {
+		return err
+	}
+	repaired := missing || head < highest
+	switch {
+	case missing:
+		if _, err := tx.Exec(ctx, s.q.insertHead, highest, ord, created); err != nil {
+			return err
+		}
+		head = highest
+	case head < highest:
+		if _, err := tx.Exec(ctx, s.q.raiseHead, highest, ord, created); err != nil {
+			return err
+		}
+		head = highest
+	}
+	if !floor && !repaired {
+		return nil
+	}
+	if now <= head {
+		if repaired && head > 0 {
+			return errHeadUnknown
+		}
+		return nil // the clock is behind: no floor this time
+	}
+	if _, err := tx.Exec(ctx, s.q.skip, head, now); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, s.q.jump, now)
+	return err
 }
 
 // Close stops the listener, if any, and closes the pool. Calls in progress
@@ -726,6 +829,9 @@ type Handshake struct {
 	// Watermark is the highest prune watermark of the scope's topics and the
 	// broadcasts, or of any topic for the global scope.
 	Watermark int64
+	// Foreign reports that the cursor is foreign to the log (see Open): the
+	// client is owed an unknown_cursor gap.
+	Foreign bool
 }
 
 // Handshake reads, in one REPEATABLE READ READ ONLY transaction (one round
@@ -751,7 +857,7 @@ func (s *Store) Handshake(ctx context.Context, topics []string, cursor int64, li
 		rows       []replayd.Event
 		total, fst int64
 	)
-	err = s.scopeSnapshot(ctx, topics, &hs.Head, &hs.Watermark, func(b *pgx.Batch) {
+	err = s.scopeSnapshot(ctx, topics, max(cursor, 0), &hs.Head, &hs.Foreign, &hs.Watermark, func(b *pgx.Batch) {
 		if cursor >= 0 {
 			// One row more than the window: the newest skipped one, M's last.
 			b.Queue(newest, append(scope, cursor, limit+1)...)
@@ -782,17 +888,19 @@ func (s *Store) Handshake(ctx context.Context, topics []string, cursor int64, li
 }
 
 // scopeSnapshot reads, in one REPEATABLE READ READ ONLY transaction and
-// one round trip, the head into head and the scope's prune watermark into
-// mark, then the statements queue adds, whose results read reads.
-func (s *Store) scopeSnapshot(ctx context.Context, topics []string, head, mark *int64, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+// one round trip, the head into head, whether cursor is foreign to the log
+// into foreign (see the sequence floor, Open) and the scope's prune
+// watermark into mark, then the statements queue adds, whose results read
+// reads.
+func (s *Store) scopeSnapshot(ctx context.Context, topics []string, cursor int64, head *int64, foreign *bool, mark *int64, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
 	b := &pgx.Batch{}
 	b.Queue(qBeginSnapshot)
-	b.Queue(s.q.head)
+	b.Queue(s.q.headForeign, cursor)
 	b.Queue(s.q.watermark, topics)
 	queue(b)
 	b.Queue("COMMIT")
 	return s.snapshot(ctx, b, func(br pgx.BatchResults) error {
-		if err := br.QueryRow().Scan(head); err != nil {
+		if err := br.QueryRow().Scan(head, foreign); err != nil {
 			return err
 		}
 		if err := br.QueryRow().Scan(mark); err != nil {
@@ -828,6 +936,7 @@ type PollPage struct {
 	More      bool            // further visible events existed above the last one returned
 	Head      int64
 	Watermark int64 // as Handshake.Watermark
+	Foreign   bool  // as Handshake.Foreign
 }
 
 // Poll reads, in one REPEATABLE READ READ ONLY transaction (one round trip),
@@ -847,7 +956,7 @@ func (s *Store) Poll(ctx context.Context, topics []string, cursor int64, limit i
 	if len(topics) > 0 {
 		oldest, scope = s.q.oldestTopics, []any{topics}
 	}
-	err = s.scopeSnapshot(ctx, topics, &pp.Head, &pp.Watermark, func(b *pgx.Batch) {
+	err = s.scopeSnapshot(ctx, topics, cursor, &pp.Head, &pp.Foreign, &pp.Watermark, func(b *pgx.Batch) {
 		b.Queue(oldest, append(scope, cursor, limit+1)...)
 	}, func(br pgx.BatchResults) error {
 		var err error

@@ -18,10 +18,14 @@ func TestAppend(t *testing.T) {
 	t.Parallel()
 	s, _ := openTestStore(t)
 	ctx := testCtx(t, 30*time.Second)
+	b, err := s.Head(ctx) // the sequence floor: sequences below are relative to it
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	first := mustAppend(t, s, ev("a", "room", `{"x": 1}`), ev("b", "", `"é ✓"`))
-	if first[0].Event.Sequence != 1 || first[1].Event.Sequence != 2 {
-		t.Fatalf("sequences %d, %d; want 1, 2", first[0].Event.Sequence, first[1].Event.Sequence)
+	if first[0].Event.Sequence != b+1 || first[1].Event.Sequence != b+2 {
+		t.Fatalf("sequences %d, %d; want %d, %d", first[0].Event.Sequence, first[1].Event.Sequence, b+1, b+2)
 	}
 	if first[1].Event.Topic != "" || first[0].Event.Topic != "room" {
 		t.Fatalf("topics %q, %q", first[0].Event.Topic, first[1].Event.Topic)
@@ -53,7 +57,7 @@ func TestAppend(t *testing.T) {
 			continue
 		}
 		r := res[i]
-		if r.Err != nil || r.Event.Sequence != want.seq || r.Duplicate != want.dup || r.Event.Topic != want.topic || string(r.Event.Payload) != want.payload {
+		if r.Err != nil || r.Event.Sequence != b+want.seq || r.Duplicate != want.dup || r.Event.Topic != want.topic || string(r.Event.Payload) != want.payload {
 			t.Errorf("result %d = %+v (payload %s), want seq %d dup %v topic %q payload %s", i, r, r.Event.Payload, want.seq, want.dup, want.topic, want.payload)
 		}
 	}
@@ -67,8 +71,8 @@ func TestAppend(t *testing.T) {
 			t.Errorf("created_at decreases: %v then %v", all[i-1].CreatedAt, all[i].CreatedAt)
 		}
 	}
-	if head, err := s.Head(ctx); err != nil || head != 4 {
-		t.Fatalf("head = %d, %v; want 4", head, err)
+	if head, err := s.Head(ctx); err != nil || head != b+4 {
+		t.Fatalf("head = %d, %v; want %d", head, err, b+4)
 	}
 
 	// A batch of only refused events sends nothing and fails nothing else.
@@ -291,6 +295,10 @@ func TestPrune(t *testing.T) {
 	t.Parallel()
 	s, prefix := openTestStore(t)
 	ctx := testCtx(t, 60*time.Second)
+	b, err := s.Head(ctx) // the sequence floor: sequences below are relative to it
+	if err != nil {
+		t.Fatal(err)
+	}
 	appendN(t, s, 2500, []string{"a", "b", ""}, "old")
 
 	n, err := s.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 1000})
@@ -298,10 +306,10 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("Prune = %d, %v; want 1500", n, err)
 	}
 	// Rows 1..1500 are gone; row i has topic topics[(i-1)%3].
-	if got, want := watermarks(t, prefix), map[string]int64{"a": 1498, "b": 1499, "": 1500}; !reflect.DeepEqual(got, want) {
+	if got, want := watermarks(t, prefix), map[string]int64{"a": b + 1498, "b": b + 1499, "": b + 1500}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("watermarks %v, want %v", got, want)
 	}
-	if w, err := s.Watermark(ctx); err != nil || w != 1500 {
+	if w, err := s.Watermark(ctx); err != nil || w != b+1500 {
 		t.Fatalf("Watermark = %d, %v; want 1500", w, err)
 	}
 	if n, err := s.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 1000}); err != nil || n != 0 {
@@ -321,14 +329,14 @@ func TestPrune(t *testing.T) {
 	if n, err := s.Prune(ctx, replayd.RetentionPolicy{MaxAge: time.Nanosecond * 1000}); err != nil || n != 10 {
 		t.Fatalf("prune all = %d, %v; want 10", n, err)
 	}
-	if head, err := s.Head(ctx); err != nil || head != 2510 {
-		t.Fatalf("head after pruning all = %d, %v; want 2510", head, err)
+	if head, err := s.Head(ctx); err != nil || head != b+2510 {
+		t.Fatalf("head after pruning all = %d, %v; want %d", head, err, b+2510)
 	}
-	if r := mustAppend(t, s, ev("after", "a", `1`)); r[0].Event.Sequence != 2511 {
-		t.Fatalf("next sequence %d, want 2511", r[0].Event.Sequence)
+	if r := mustAppend(t, s, ev("after", "a", `1`)); r[0].Event.Sequence != b+2511 {
+		t.Fatalf("next sequence %d, want %d", r[0].Event.Sequence, b+2511)
 	}
 	hs, err := s.Handshake(ctx, []string{"a"}, 0, 10)
-	if err != nil || len(hs.Replay) != 1 || hs.Watermark != 2510 || hs.SkippedCount != 0 {
+	if err != nil || len(hs.Replay) != 1 || hs.Watermark != b+2510 || hs.SkippedCount != 0 {
 		t.Fatalf("handshake after prune-all: %+v, %v", hs, err)
 	}
 }
@@ -341,6 +349,10 @@ func TestPruneTwoNodes(t *testing.T) {
 	s, prefix := openTestStore(t)
 	other := openPrefix(t, prefix)
 	ctx := testCtx(t, 60*time.Second)
+	b, err := s.Head(ctx) // the sequence floor: sequences below are relative to it
+	if err != nil {
+		t.Fatal(err)
+	}
 	appendN(t, s, 6000, []string{"a", "b", "c", ""}, "x")
 	var (
 		wg    sync.WaitGroup
@@ -360,7 +372,7 @@ func TestPruneTwoNodes(t *testing.T) {
 		t.Fatalf("nodes deleted %d + %d, want 5500 in all", total[0], total[1])
 	}
 	all := allEvents(t, s)
-	if len(all) != 500 || all[0].Sequence != 5501 {
+	if len(all) != 500 || all[0].Sequence != b+5501 {
 		t.Fatalf("%d rows left from %d", len(all), all[0].Sequence)
 	}
 }
@@ -373,20 +385,24 @@ func TestWaitForAppend(t *testing.T) {
 	a, prefix := openTestStore(t)
 	b := openPrefix(t, prefix)
 	ctx := testCtx(t, 30*time.Second)
+	head, err := b.Head(ctx) // the sequence floor: not 0
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	woke := make(chan error, 1)
-	go func() { woke <- b.WaitForAppend(ctx, 0) }()
-	mustAppend(t, a, ev("1", "x", `1`))
+	go func() { woke <- b.WaitForAppend(ctx, head) }()
+	first := mustAppend(t, a, ev("1", "x", `1`))[0].Event.Sequence
 	if err := <-woke; err != nil {
 		t.Fatal(err)
 	}
-	if err := b.WaitForAppend(ctx, 0); err != nil { // already above
+	if err := b.WaitForAppend(ctx, head); err != nil { // already above
 		t.Fatal(err)
 	}
 
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	if err := b.WaitForAppend(short, 1); !errors.Is(err, context.DeadlineExceeded) {
+	if err := b.WaitForAppend(short, first); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("nothing appended: err = %v, want DeadlineExceeded", err)
 	}
 
@@ -396,7 +412,7 @@ func TestWaitForAppend(t *testing.T) {
 	var lat []time.Duration
 	for i := range rounds {
 		done := make(chan error, 1)
-		head := int64(1 + i)
+		head := first + int64(i)
 		ready := make(chan struct{})
 		go func() {
 			close(ready)
@@ -414,7 +430,7 @@ func TestWaitForAppend(t *testing.T) {
 	t.Logf("append → wake-up on another store: p50 %v, max %v (append round trip included)", lat[rounds/2], lat[rounds-1])
 
 	closed := make(chan error, 1)
-	go func() { closed <- b.WaitForAppend(ctx, 1<<40) }()
+	go func() { closed <- b.WaitForAppend(ctx, 1<<62) }()
 	b.Close()
 	if err := <-closed; !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v, want ErrClosed", err)
@@ -429,8 +445,8 @@ func TestListenerReconnects(t *testing.T) {
 	a, prefix := openTestStore(t)
 	b := openPrefix(t, prefix)
 	ctx := testCtx(t, 30*time.Second)
-	mustAppend(t, a, ev("1", "", `1`))
-	if err := b.WaitForAppend(ctx, 0); err != nil {
+	first := mustAppend(t, a, ev("1", "", `1`))[0].Event.Sequence
+	if err := b.WaitForAppend(ctx, first-1); err != nil {
 		t.Fatal(err)
 	}
 	// The listener's last query is the head read after its LISTEN, on this
@@ -442,7 +458,7 @@ func TestListenerReconnects(t *testing.T) {
 		t.Fatalf("terminate listener: %v, %v", tag, err)
 	}
 	mustAppend(t, a, ev("2", "", `2`)) // probably while no one listens
-	if err := b.WaitForAppend(ctx, 1); err != nil {
+	if err := b.WaitForAppend(ctx, first); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -462,10 +478,14 @@ func TestOneNotifyPerBatch(t *testing.T) {
 	if _, err := conn.Exec(ctx, `LISTEN "`+prefix+`events"`); err != nil {
 		t.Fatal(err)
 	}
+	base, err := s.Head(ctx) // the sequence floor: sequences go on from it
+	if err != nil {
+		t.Fatal(err)
+	}
 	appendN(t, s, 100, []string{"a", ""}, "n")
 	mustAppend(t, s, ev("n-5", "a", `1`)) // a duplicate: nothing committed
 	mustAppend(t, s, ev("last", "a", `1`))
-	for _, want := range []string{"100", "101"} {
+	for _, want := range []string{fmt.Sprint(base + 100), fmt.Sprint(base + 101)} {
 		n, err := conn.Conn().WaitForNotification(ctx)
 		if err != nil {
 			t.Fatal(err)

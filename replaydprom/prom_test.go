@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,9 @@ func (w want) text() string {
 		fmt.Fprintf(&b, "replayd_gaps_total{reason=%q} %d\n", r, w.gaps[r])
 	}
 	family("replayd_head_sequence", "gauge", "the log's head: the highest sequence ever assigned, read at scrape time.")
-	fmt.Fprintf(&b, "replayd_head_sequence %d\n", w.head)
+	// A gauge is a float64: the head (near the clock in microseconds, the
+	// sequence floor) prints in the exponent form, exactly (below 2^53).
+	fmt.Fprintf(&b, "replayd_head_sequence %s\n", strconv.FormatFloat(float64(w.head), 'g', -1, 64))
 	family("replayd_live_frames_total", "counter", "event frames queued to live connections.")
 	fmt.Fprintf(&b, "replayd_live_frames_total %d\n", w.live)
 	family("replayd_publish_duplicates_total", "counter", "publishes that stored nothing because their event id was known.")
@@ -193,8 +196,12 @@ func TestMetricsOverHTTP(t *testing.T) {
 		t.Fatal("registering the same metrics twice succeeded")
 	}
 
-	// Every series exists from the start, at 0.
+	// Every series exists from the start, at 0, but the head: the log's
+	// once opened (the sequence floor).
 	w := want{}
+	if w.head, err = h.LatestSequence(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	compare(t, reg, w)
 	checkPublishDuration(t, reg, 0)
 

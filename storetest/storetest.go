@@ -16,7 +16,9 @@
 // newLog is called once per subtest and must return a function that opens
 // a store on a new, empty log; each further call opens another store on
 // the same log (as another process or node would), so the subtests can
-// check what holds between stores. Closing the stores (and the log) is the
+// check what holds between stores. Each call is an open of the log, which
+// raises its sequence floor (see replayd.Store, "Log identity"):
+// SequenceFloor checks that. Closing the stores (and the log) is the
 // factory's business, with t.Cleanup.
 //
 // The package chaostest is the other kit: given a factory of hubs on one
@@ -56,6 +58,7 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func() replayd.Store)) {
 		{"PruneByCount", testPruneByCount},
 		{"PruneByAge", testPruneByAge},
 		{"TwoStoresNoSkippedRows", testTwoStores},
+		{"SequenceFloor", testSequenceFloor},
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			open := newLog(t)
@@ -112,12 +115,38 @@ func head(t *testing.T, s replayd.Store) int64 {
 }
 
 // model is what the log must hold: the retained events, ascending, and
-// each topic's prune watermark ("" for broadcasts).
+// each topic's prune watermark ("" for broadcasts). floor is the head when
+// the model started, after the stores were opened: the model knows
+// nothing of the sequence floor's skipped ranges below it (see
+// testSequenceFloor), so its cursors are 0 or at least floor.
 type model struct {
 	evs   []replayd.Event
 	marks map[string]int64
 	head  int64
+	floor int64
 }
+
+// startModel returns the model of the log s opened: no events yet
+// (they are added with add), the head as s reads it.
+func startModel(t *testing.T, s replayd.Store) *model {
+	m := newModel()
+	m.head = head(t, s)
+	m.floor = m.head
+	return m
+}
+
+// cursor returns a random cursor of the model: 0, or from the floor to
+// extra above the head (above it is foreign).
+func (m *model) cursor(rng *rand.Rand, extra int64) int64 {
+	if rng.IntN(8) == 0 {
+		return 0
+	}
+	return m.floor + rng.Int64N(m.head-m.floor+extra)
+}
+
+// foreign reports whether the cursor c (0 or at least floor) is foreign:
+// above the head.
+func (m *model) foreign(c int64) bool { return c > m.head }
 
 func newModel() *model { return &model{marks: map[string]int64{}} }
 
@@ -182,10 +211,11 @@ func seqs(evs []replayd.Event) []int64 {
 // same through every store on the log.
 func testAppendSequences(t *testing.T, open func() replayd.Store) {
 	s, s2 := open(), open()
-	if h := head(t, s); h != 0 {
-		t.Fatalf("Head of a new log: %d", h)
+	// The sequence floor: a log once opened has a head, however new.
+	last := head(t, s)
+	if last <= 0 {
+		t.Fatalf("Head of a new log once opened: %d, want the sequence floor", last)
 	}
-	last := int64(0)
 	for b := range 20 {
 		before := head(t, s)
 		var batch []replayd.Event
@@ -347,7 +377,7 @@ func testHeadAfterPruneAll(t *testing.T, open func() replayd.Store) {
 // randomLog appends n events over both stores in random batches and returns
 // the model.
 func randomLog(t *testing.T, rng *rand.Rand, s, s2 replayd.Store, n int, prefix string) *model {
-	m := newModel()
+	m := startModel(t, s)
 	for i := 0; i < n; {
 		k := min(1+rng.IntN(6), n-i)
 		batch := make([]replayd.Event, k)
@@ -391,7 +421,7 @@ func checkReads(t *testing.T, rng *rand.Rand, s replayd.Store, m *model, n int) 
 	t.Helper()
 	for range n {
 		scope := scopes[rng.IntN(len(scopes))]
-		after := rng.Int64N(m.head + 2)
+		after := m.cursor(rng, 2)
 		var through int64
 		if rng.IntN(2) == 0 {
 			through = after + rng.Int64N(m.head+3-after)
@@ -435,21 +465,25 @@ func checkRead(t *testing.T, s replayd.Store, m *model, req replayd.ReadRequest)
 	if w := m.watermark(req.Scope); p.Watermark != w {
 		t.Fatalf("Read %+v: Watermark %d, want %d (marks %v)", req, p.Watermark, w, m.marks)
 	}
+	if f := m.foreign(req.After); p.Foreign != f {
+		t.Fatalf("Read %+v: Foreign %v, want %v (head %d)", req, p.Foreign, f, m.head)
+	}
 }
 
 // MaxBytes stops a page once its events hold that many payload bytes, but
 // a page holds at least one event, however large.
 func testReadMaxBytes(t *testing.T, open func() replayd.Store) {
 	s := open()
-	m := newModel()
+	m := startModel(t, s)
 	m.add(appendAll(t, s, ev("big", "a", 5000), ev("s1", "a", 10), ev("s2", "", 10), ev("s3", "a", 10), ev("s4", "b", 10))...)
+	big := m.evs[0].Sequence
 	for _, req := range []replayd.ReadRequest{
-		{Limit: 10, MaxBytes: 100},           // the big one alone, More
-		{Limit: 10, MaxBytes: 1},             // at least one
-		{After: 1, Limit: 10, MaxBytes: 15},  // two small ones
-		{After: 1, Limit: 10, MaxBytes: 30},  // three
-		{After: 1, Limit: 2, MaxBytes: 1000}, // the limit first
-		{Scope: []string{"a"}, After: 1, Limit: 10, MaxBytes: 20},
+		{Limit: 10, MaxBytes: 100},             // the big one alone, More
+		{Limit: 10, MaxBytes: 1},               // at least one
+		{After: big, Limit: 10, MaxBytes: 15},  // two small ones
+		{After: big, Limit: 10, MaxBytes: 30},  // three
+		{After: big, Limit: 2, MaxBytes: 1000}, // the limit first
+		{Scope: []string{"a"}, After: big, Limit: 10, MaxBytes: 20},
 		{Scope: []string{"b"}, Limit: 10, MaxBytes: 1},
 	} {
 		checkRead(t, s, m, req)
@@ -470,10 +504,10 @@ func testWindowModel(t *testing.T, open func() replayd.Store) {
 		t.Helper()
 		for range 100 {
 			scope := scopes[rng.IntN(len(scopes))]
-			cursor := rng.Int64N(m.head + 3)
+			cursor := m.cursor(rng, 3)
 			limit := []int{0, 1, 3, 10, 40, 1000}[rng.IntN(6)]
 			checkWindow(t, s2, m, scope, cursor, limit)
-			after := rng.Int64N(m.head + 2)
+			after := m.cursor(rng, 2)
 			before := after + rng.Int64N(m.head+4-after)
 			n, err := s.Count(ctxT(t), scope, after, before)
 			if err != nil {
@@ -510,6 +544,9 @@ func checkWindow(t *testing.T, s replayd.Store, m *model, scope []string, cursor
 	}
 	if w.Head != m.head {
 		t.Fatalf("Window %v %d %d: Head %d, want %d", scope, cursor, limit, w.Head, m.head)
+	}
+	if f := m.foreign(cursor); w.Foreign != f {
+		t.Fatalf("Window %v %d %d: Foreign %v, want %v (head %d)", scope, cursor, limit, w.Foreign, f, m.head)
 	}
 	if cursor >= m.head {
 		return
@@ -707,5 +744,69 @@ func testTwoStores(t *testing.T, open func() replayd.Store) {
 		if h := head(t, s); h != last {
 			t.Fatalf("store %d: head %d, want %d", i, h, last)
 		}
+	}
+}
+
+// The sequence floor (see replayd.Store): whoever opens a log raises its
+// head to the clock in Unix microseconds and records the range skipped. A
+// cursor strictly inside a skipped range, or above the head, is foreign,
+// in Window and Read, through every store; 0, the head after each open and
+// every sequence issued are not. Appends go on above the head.
+func testSequenceFloor(t *testing.T, open func() replayd.Store) {
+	before := time.Now().Add(-10 * time.Minute).UnixMicro() // a backend's clock may differ a little from ours
+	s := open()
+	h1 := head(t, s)
+	if h1 < before {
+		t.Fatalf("head of a log once opened: %d, want the clock in microseconds (about %d)", h1, time.Now().UnixMicro())
+	}
+	evs := appendAll(t, s, ev("f1", "a", 5), ev("f2", "", 5), ev("f3", "b", 5))
+	h2 := head(t, s)
+	if evs[0].Sequence <= h1 || h2 != evs[2].Sequence {
+		t.Fatalf("appended %v after the head %d; head now %d", seqs(evs), h1, h2)
+	}
+	// Opening the log again raises the head again, past the last append.
+	s2 := open()
+	h3 := head(t, s2)
+	if h3 <= h2+1 || head(t, s) != h3 {
+		t.Fatalf("head after another open: %d (and %d through the first store), want above %d", h3, head(t, s), h2+1)
+	}
+	check := func(cursor int64, foreign bool) {
+		t.Helper()
+		for i, st := range []replayd.Store{s, s2} {
+			for _, scope := range [][]string{nil, {"a"}} {
+				w, err := st.Window(ctxT(t), scope, cursor, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p := read(t, st, replayd.ReadRequest{Scope: scope, After: cursor})
+				if w.Foreign != foreign || p.Foreign != foreign {
+					t.Fatalf("store %d, scope %v, cursor %d (floors %d, %d; events %v): Window Foreign %v, Read Foreign %v; want %v",
+						i, scope, cursor, h1, h3, seqs(evs), w.Foreign, p.Foreign, foreign)
+				}
+				if foreign && len(p.Events) != 0 && cursor > w.Head {
+					t.Fatalf("cursor %d above the head: Read returned %v", cursor, seqs(p.Events))
+				}
+			}
+		}
+	}
+	for _, c := range []int64{0, h1, evs[0].Sequence, evs[1].Sequence, h2, h3} {
+		check(c, false)
+	}
+	for _, c := range []int64{1, h1 - 1, h2 + 1, (h2 + h3) / 2, h3 - 1, h3 + 1, h3 + 1000} {
+		check(c, true)
+	}
+	// Appends go on above the new head; a cursor at the old head reads them.
+	next := appendAll(t, s, ev("f4", "a", 5))[0]
+	if next.Sequence <= h3 {
+		t.Fatalf("sequence %d after the raised head %d", next.Sequence, h3)
+	}
+	check(h3-1, true)
+	check(next.Sequence, false)
+	if p := read(t, s2, replayd.ReadRequest{After: h2}); p.Foreign || !slices.Equal(seqs(p.Events), []int64{next.Sequence}) {
+		t.Fatalf("Read after %d: %v, Foreign %v; want [%d]", h2, seqs(p.Events), p.Foreign, next.Sequence)
+	}
+	w, err := s2.Window(ctxT(t), nil, h2, 10)
+	if err != nil || w.Foreign || w.From <= h2 || w.From > next.Sequence || w.Head != next.Sequence {
+		t.Fatalf("Window from %d: %+v, %v; want the window [%d]", h2, w, err, next.Sequence)
 	}
 }

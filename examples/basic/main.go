@@ -91,6 +91,7 @@ func run(ctx context.Context) error {
 	fmt.Println("  database:    ", filepath.Join(dir, "events.db"))
 	fmt.Println("  stream:      ", url)
 	fmt.Println("  replay limit:", replayLimit)
+	fmt.Println("  ids:          the log's sequences; a new log's first id follows the clock in microseconds (docs/restore.md)")
 
 	publish := func(topic string, payload any, opts ...replayd.PublishOption) (replayd.Event, error) {
 		ev, err := hub.Publish(ctx, topic, payload, opts...)
