@@ -88,11 +88,18 @@ func testPollBadParameters(t *testing.T, newLog func(t *testing.T) opener) {
 		"limit=0", "limit=-1", "limit=1.0", "limit=x",
 		"wait=-1", "wait=1e3", "wait=Inf", "wait=+1", "wait=.", "wait=1.2.3",
 		"topic=a;b", "topic=%00", "topic=" + strings.Repeat("x", 300),
+		// Given more than once, a parameter is malformed unless every
+		// value is well-formed and the same (issue 17, row 5).
+		"cursor=5&cursor=abc", "limit=1&limit=abc", "wait=1&wait=x", "cursor=abc&cursor=5",
+		"cursor=1&cursor=2", "limit=1&limit=2", "cursor=1&cursor=",
 	} {
 		status, _, body := wiretest.GetPoll(t, base, q)
 		if status != http.StatusBadRequest {
 			t.Errorf("%q: %d %s, want 400", q, status, body)
 		}
+	}
+	if p := wiretest.Poll(t, base, "cursor=0&cursor=0&limit=3&limit=3&wait=0&wait=0"); p.Cursor != 0 || p.Gap != nil {
+		t.Errorf("the same values repeated: %+v", p)
 	}
 	// Methods.
 	for _, m := range []string{"POST", "PUT", "DELETE", "HEAD"} {
