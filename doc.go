@@ -271,6 +271,12 @@
 //     Access-Control-Expose-Headers: Retry-After, so a cross-origin page
 //     can read the delay of a 503. A poll that arrives while the hub is
 //     closing gets 503; one already waiting gets its 200 with no events.
+//     A poll whose log read fails gets 503, Retry-After and {"error":…}
+//     (never an answer's shape), logged at Error ("replayd: read the log
+//     for a poll"); no metric counts it. An answer holds at most limit
+//     events and no further one once they hold 4 MiB of payload (at least
+//     one; PollOptions); one over 32 KiB is streamed, chunked, with its
+//     payloads checked before the status is sent.
 //     A waiting poll woken by an event it then does not find above its
 //     cursor (one already answered) keeps waiting, within the same wait.
 //     Polls are not SSE connections: the tracker does not count them, the
