@@ -31,7 +31,9 @@
 // buffers, each hub serving its streams detached (DetachConnections) or
 // through net/http as the seed decides. A storm phase opens storms of handshakes from cursor 0 while a
 // large log is published; then, for Config.Duration, publishers (topics,
-// broadcasts, multi-line payloads, retried event ids, some through hub B),
+// broadcasts, multi-line payloads, retried event ids, some through hub B;
+// now and then a burst of six events of 1 MiB, so that polls are cut at
+// 4 MiB of payload),
 // two pruners, restarts of hub B, server-side kills of hub A's connections,
 // 28 SSE clients (fresh, resumed, stale, future and invalid cursors, by
 // header or query; dropping, or stalling until MaxBufferedBytes cuts them
@@ -169,6 +171,7 @@ type env struct {
 	polls   pollState
 	stats   struct {
 		publishes, retries, retriesSame, retriesNew, publishB atomic.Int64
+		bigEvents                                             atomic.Int64
 		pruneCalls, pruned, restarts, resyncs, kills          atomic.Int64
 		badStatus, dropped                                    atomic.Int64
 		forbidden, overloaded, servedAfterOverload            atomic.Int64
@@ -322,6 +325,11 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 			e.publisher(p, rand.New(rand.NewPCG(seed, uint64(100+p))))
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		e.bigBursts(rand.New(rand.NewPCG(seed, 150)))
+	}()
 	for p := range 2 { // two, so prunes also overlap each other
 		wg.Add(1)
 		go func() {
@@ -507,8 +515,8 @@ func (e *env) check(results []clientResult, subA, subB *Subscriber, elapsed time
 	}
 
 	t.Logf("chaos phase and finish: %v", elapsed.Round(time.Millisecond))
-	t.Logf("published %d events (%d publish calls, %d through hub B; %d retries with a used event id: %d returned the original, %d a new row after the original was pruned); %d still in the log; prune watermark %d",
-		rep.Published, e.stats.publishes.Load(), e.stats.publishB.Load(), e.stats.retries.Load(),
+	t.Logf("published %d events (%d publish calls, %d through hub B, %d of 1 MiB in bursts; %d retries with a used event id: %d returned the original, %d a new row after the original was pruned); %d still in the log; prune watermark %d",
+		rep.Published, e.stats.publishes.Load(), e.stats.publishB.Load(), e.stats.bigEvents.Load(), e.stats.retries.Load(),
 		e.stats.retriesSame.Load(), e.stats.retriesNew.Load(), len(rows), mark)
 	t.Logf("%d prune calls deleted %d rows; hub B restarted %d times; hub A disconnected all streams %d times, its listener closed all connections %d times",
 		e.stats.pruneCalls.Load(), e.stats.pruned.Load(), e.stats.restarts.Load(), e.stats.resyncs.Load(), e.stats.kills.Load())

@@ -12,6 +12,10 @@ import (
 	"time"
 )
 
+// pollPageBytes is the payload at which a poll answer is cut (replayd's
+// PollOptions doc).
+const pollPageBytes = 4 << 20
+
 // checkPolls checks every poll answer against the ledger; the violations'
 // traces go to v.r.
 func (v *view) checkPolls(sessions []*PollSession) {
@@ -111,10 +115,24 @@ func (v *view) checkPoll(s *PollSession, p *Poll) (int, error) {
 		return 0, fmt.Errorf("head %d, but %d was committed before the request", a.Head, p.Known)
 	case len(a.Events) > limit:
 		return 0, fmt.Errorf("%d events, limit %d", len(a.Events), limit)
-	case a.More && len(a.Events) != limit:
-		return 0, fmt.Errorf("more with %d events, limit %d", len(a.Events), limit)
 	case p.gap != nil && p.gap.ReplayLimit != limit:
 		return 0, fmt.Errorf("gap replayLimit %d, want %d", p.gap.ReplayLimit, limit)
+	}
+	// The page is cut by bytes too (SPEC §11 amended): no event once those
+	// before it hold pollPageBytes of payload; more with fewer than limit
+	// events only when they do.
+	size := 0
+	for i, ev := range a.Events {
+		if size >= pollPageBytes {
+			return 0, fmt.Errorf("event %d (%d of %d) after %d bytes of payload", ev.seq, i+1, len(a.Events), size)
+		}
+		size += v.bySeq[ev.seq].size
+	}
+	if a.More && len(a.Events) < limit {
+		if size < pollPageBytes {
+			return 0, fmt.Errorf("more with %d events (%d bytes of payload), limit %d", len(a.Events), size, limit)
+		}
+		v.r.PollByteCuts++
 	}
 	covered := [2]int64{1, 0} // the gap's range, inclusive; empty when from > through
 	var prev int64
