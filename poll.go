@@ -134,6 +134,9 @@ func (h *EventHub) writePollAnswer(w http.ResponseWriter, status int, ans *pollA
 			}
 			return // checked: not reached once the status is sent
 		}
+		if e.err != nil {
+			return // the client went away
+		}
 	}
 	e.tail(ans)
 	if e.out == nil {
