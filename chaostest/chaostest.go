@@ -30,10 +30,9 @@
 // serve SSE and poll clients over real HTTP on listeners with small send
 // buffers, each hub serving its streams detached (DetachConnections) or
 // through net/http as the seed decides. A storm phase opens storms of handshakes from cursor 0 while a
-// large log is published; then, for Config.Duration, publishers (topics,
-// broadcasts, multi-line payloads, retried event ids, some through hub B;
-// now and then a burst of six events of 1 MiB, so that polls are cut at
-// 4 MiB of payload),
+// large log is published, and six events of 1 MiB follow (polls over them
+// are cut at 4 MiB of payload); then, for Config.Duration, publishers (topics,
+// broadcasts, multi-line payloads, retried event ids, some through hub B),
 // two pruners, restarts of hub B, server-side kills of hub A's connections,
 // 28 SSE clients (fresh, resumed, stale, future and invalid cursors, by
 // header or query; dropping, or stalling until MaxBufferedBytes cuts them
@@ -317,6 +316,8 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 	t.Logf("storm phase: %d events published while %d connections stormed in from cursor 0, in %v",
 		prefill, len(storms), e.timeline.Since().Round(time.Millisecond))
 
+	e.bigBurst(rand.New(rand.NewPCG(seed, 150)))
+
 	var wg sync.WaitGroup // publishers, pruners, restarter
 	for p := range numPublishers {
 		wg.Add(1)
@@ -325,11 +326,6 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 			e.publisher(p, rand.New(rand.NewPCG(seed, uint64(100+p))))
 		}()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		e.bigBursts(rand.New(rand.NewPCG(seed, 150)))
-	}()
 	for p := range 2 { // two, so prunes also overlap each other
 		wg.Add(1)
 		go func() {
