@@ -150,3 +150,10 @@ func TestPollReadErrorIsAnErrorAnswer(t *testing.T) {
 	status, hdr, body = wiretest.GetPoll(t, base, "cursor=0")
 	checkErrorAnswer("closed hub", status, hdr, body)
 }
+
+// The kits (hubtest, chaostest) hold answers to the hub's byte bound.
+func TestPollPageBytesShared(t *testing.T) {
+	if pollPageBytes != wiretest.PollPageBytes {
+		t.Fatalf("the hub cuts poll answers at %d bytes, the kits expect %d", pollPageBytes, wiretest.PollPageBytes)
+	}
+}

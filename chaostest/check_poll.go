@@ -10,11 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-)
 
-// pollPageBytes is the payload at which a poll answer is cut (replayd's
-// PollOptions doc).
-const pollPageBytes = 4 << 20
+	"github.com/replayd/replayd/internal/wiretest"
+)
 
 // checkPolls checks every poll answer against the ledger; the violations'
 // traces go to v.r.
@@ -118,18 +116,18 @@ func (v *view) checkPoll(s *PollSession, p *Poll) (int, error) {
 	case p.gap != nil && p.gap.ReplayLimit != limit:
 		return 0, fmt.Errorf("gap replayLimit %d, want %d", p.gap.ReplayLimit, limit)
 	}
-	// The page is cut by bytes too (SPEC §11 amended): no event once those
-	// before it hold pollPageBytes of payload; more with fewer than limit
-	// events only when they do.
+	// The page is cut by bytes too (SPEC §11 amended): no event once
+	// those before it hold wiretest.PollPageBytes of payload; more with
+	// fewer than limit events only when they do.
 	size := 0
 	for i, ev := range a.Events {
-		if size >= pollPageBytes {
+		if size >= wiretest.PollPageBytes {
 			return 0, fmt.Errorf("event %d (%d of %d) after %d bytes of payload", ev.seq, i+1, len(a.Events), size)
 		}
 		size += v.bySeq[ev.seq].size
 	}
 	if a.More && len(a.Events) < limit {
-		if size < pollPageBytes {
+		if size < wiretest.PollPageBytes {
 			return 0, fmt.Errorf("more with %d events (%d bytes of payload), limit %d", len(a.Events), size, limit)
 		}
 		v.r.PollByteCuts++

@@ -517,10 +517,6 @@ func testSeed(t *testing.T) uint64 {
 	return seed
 }
 
-// pollPageBytes is the payload bytes at which the hub cuts a poll answer
-// (PollOptions' doc): an answer stops once its events hold this many.
-const pollPageBytes = 4 << 20
-
 // A poll answer's memory is bounded whatever the payloads (issue 17, row
 // 1; SPEC §11): over 24 events of 1 MiB (the fourth needing escapes, six
 // bytes on the wire for each of its characters), one poll asking for all
@@ -585,7 +581,7 @@ func testPollMemoryBounded(t *testing.T, newLog func(t *testing.T) opener) {
 		}
 		size := 0
 		for i, ev := range p.Events {
-			if size >= pollPageBytes {
+			if size >= wiretest.PollPageBytes {
 				t.Fatalf("page %d: event %d of %d comes after %d bytes of payload", pages, i+1, len(p.Events), size)
 			}
 			if ev.ID != next || string(ev.Data) != wire(want[ev.ID]) {
