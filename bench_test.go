@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/replayd/replayd/internal/wiretest"
 	"modernc.org/sqlite"
 )
 
@@ -697,4 +698,52 @@ func BenchmarkForeignLookup(b *testing.B) {
 	b.ReportMetric(median(tForeign), "head+foreign-ns")
 	b.ReportMetric(median(tDiff), "foreign-ns")
 	b.ReportMetric(median(tRead), "pollread-ns")
+}
+
+// BenchmarkPollLargePayloads reports the peak heap (HeapInuse above the
+// level before, sampled while the requests run: internal/wiretest's
+// PeakHeap) of one and of four concurrent polls over real HTTP, each
+// asking limit=200 at cursor 0 of a log of 200 events of 1 MiB, the
+// client discarding the body as it arrives; and the size of each answer.
+// Issue 17, row 1:
+//
+//	go test -run '^$' -bench BenchmarkPollLargePayloads -benchtime 3x .
+func BenchmarkPollLargePayloads(b *testing.B) {
+	h := benchHub(b)
+	big := json.RawMessage(`"` + strings.Repeat("x", 1<<20-2) + `"`)
+	for range 200 {
+		if _, err := h.Publish(context.Background(), "big", big); err != nil {
+			b.Fatal(err)
+		}
+	}
+	base := wiretest.ServePoll(b, h)
+	for _, polls := range []int{1, 4} {
+		b.Run(fmt.Sprintf("polls=%d", polls), func(b *testing.B) {
+			var peak uint64
+			var size atomic.Int64
+			for b.Loop() {
+				_, p := wiretest.PeakHeap(func() {
+					var wg sync.WaitGroup
+					for range polls {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							a, err := wiretest.GetLargePoll(base, "topic=big&cursor=0&limit=200", 0)
+							if err == nil && a.Status != 200 {
+								err = fmt.Errorf("status %d", a.Status)
+							}
+							if err != nil {
+								b.Error(err)
+							}
+							size.Store(a.Size)
+						}()
+					}
+					wg.Wait()
+				})
+				peak = max(peak, p)
+			}
+			b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
+			b.ReportMetric(float64(size.Load())/(1<<20), "answer-MiB")
+		})
+	}
 }

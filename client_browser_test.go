@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -200,6 +201,7 @@ func TestBrowserModule(t *testing.T) {
 	t.Run("PollOnceInOrder", func(t *testing.T) { clientTestPollOnceInOrder(t, browser) })
 	t.Run("PollReloadResumes", func(t *testing.T) { clientTestReloadResumes(t, browser, "poll") })
 	t.Run("PollUnknownCursor", func(t *testing.T) { clientTestUnknownCursor(t, browser, "poll") })
+	t.Run("PollReadError", func(t *testing.T) { clientTestPollReadError(t, browser) })
 	t.Run("AutoFallback", func(t *testing.T) { clientTestAutoFallback(t, browser) })
 	t.Run("Close", func(t *testing.T) { clientTestClose(t, browser) })
 }
@@ -394,5 +396,71 @@ func clientTestSSEGap(t *testing.T, browser context.Context) {
 		MissedFrom: i64p(missed[0].Sequence), MissedThrough: i64p(missed[2].Sequence), Missed: i64p(3), ReplayLimit: 2}
 	if gb, wb := mustJSON(g), mustJSON(wantGap); string(gb) != string(wb) {
 		t.Fatalf("gap %s, want %s", gb, wb)
+	}
+}
+
+// The poll endpoint cannot read the log for a while: it answers 503 with
+// Retry-After and {"error":…} (issue 17, row 6), and the module waits and
+// polls again from the same cursor: every event reaches onEvent once, in
+// order, no gap, and no request after the fault carries an older cursor (a
+// client taking the error for an answer would have gone back to 0).
+func clientTestPollReadError(t *testing.T, browser context.Context) {
+	db, _ := openTestDB(t)
+	s, err := NewSQLiteStore(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.(io.Closer).Close() })
+	fs := &faultyStore{Store: s} // fails reads of the global scope, the page's
+	opts := browserOptions()
+	opts.SSE.OverloadRetry = 100 * time.Millisecond // Retry-After: 1
+	h, err := NewWithStore(fs, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	var want []Event
+	for i := range 3 {
+		want = append(want, mustPublish(t, h, "room", map[string]int{"n": i}))
+	}
+	gate := &clientPollGate{next: clientPollHandler(h)}
+	srv := browserListen(t, "127.0.0.1:0", clientMux(nil, gate))
+	tab := browserTab(t, browser)
+	clientNavigate(t, tab, srv.url(), map[string]any{"poll": "/poll", "cursor": 0, "storageKey": "k"}, "")
+	clientWaitEvents(t, tab, "k", len(want))
+	gate.waitServing(t, 1) // a long poll waits
+
+	fs.failReads.Store(true)
+	want = append(want, mustPublish(t, h, "room", "during the fault")) // wakes the waiting poll: its read fails
+	failed := func() int {
+		n := 0
+		for _, r := range gate.answered() {
+			if r.Status == http.StatusServiceUnavailable {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(browserWait)
+	for failed() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the endpoint answered %d polls 503: %+v", failed(), gate.answered())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fs.failReads.Store(false)
+	want = append(want, mustPublish(t, h, "", "after the fault"))
+	st := clientWaitEvents(t, tab, "k", len(want))
+	clientAssertEvents(t, st, want, "poll")
+	if len(st.Rec) != len(want) {
+		t.Fatalf("the page recorded more than the events: %+v", st.Rec)
+	}
+	last := int64(-1)
+	for _, r := range gate.requests() {
+		c, err := strconv.ParseInt(r.Cursor, 10, 64)
+		if err != nil || c < last {
+			t.Fatalf("a poll went back to cursor %q after %d: %+v", r.Cursor, last, gate.requests())
+		}
+		last = c
 	}
 }

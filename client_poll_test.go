@@ -26,7 +26,8 @@ type clientPollGate struct {
 	mu     sync.Mutex // guards the fields below
 	faults []int      // statuses for the next requests, in order
 	reqs   []clientPollRequest
-	active int // requests being served
+	served []clientPollRequest // those passed on, with the endpoint's status
+	active int                 // requests being served
 }
 
 // clientPollRequest is what the gate saw of one request.
@@ -59,7 +60,30 @@ func (g *clientPollGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, http.StatusText(req.Status), req.Status)
 		return
 	}
-	g.next.ServeHTTP(w, r)
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	g.next.ServeHTTP(sw, r)
+	g.mu.Lock()
+	g.served = append(g.served, clientPollRequest{Cursor: req.Cursor, Wait: req.Wait, At: req.At, Status: sw.status})
+	g.mu.Unlock()
+}
+
+// statusWriter records the status a handler answered.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// answered returns the requests passed on, with the status the endpoint
+// answered, in the order they ended.
+func (g *clientPollGate) answered() []clientPollRequest {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]clientPollRequest(nil), g.served...)
 }
 
 func (g *clientPollGate) requests() []clientPollRequest {

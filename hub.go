@@ -57,6 +57,13 @@ type Options struct {
 }
 
 // PollOptions configures the poll transport. Zero values mean the defaults.
+//
+// Whatever the payloads, an answer is cut once its events hold 4 MiB of
+// payload (at least one event; more is then true, and the client asks for
+// the next page at once), and a large answer is written through a small
+// buffer: a poll holds less than 5 MiB of events (payloads are at most
+// 1 MiB) and a 32 KiB buffer, however large limit is. A client paging
+// through large events gets fewer than limit per answer.
 type PollOptions struct {
 	// MaxWait is the longest a long poll is held; default 30s; negative:
 	// no long polling (wait is treated as 0).

@@ -1,6 +1,7 @@
 package replayd
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -94,5 +95,25 @@ func checkPollAnswerJSON(t *testing.T, ans pollAnswer) {
 	}
 	if err == nil && string(got) != "x"+string(want) {
 		t.Fatalf("%+v:\n got %s\nwant %s", ans, got[1:], want)
+	}
+	if err != nil {
+		return
+	}
+	// Streamed through a small buffer, as writePollAnswer sends a large
+	// answer: the same bytes.
+	for _, flushAt := range []int{1, 2, 7, 64} {
+		var out bytes.Buffer
+		e := pollEncoder{out: &out, flushAt: flushAt}
+		e.head(&ans)
+		for i := range ans.Events {
+			if err := e.event(&ans.Events[i]); err != nil {
+				t.Fatalf("%+v: streamed: %v", ans, err)
+			}
+		}
+		e.tail(&ans)
+		e.flush()
+		if out.String() != string(want) {
+			t.Fatalf("%+v: streamed with flushAt %d:\n got %s\nwant %s", ans, flushAt, out.Bytes(), want)
+		}
 	}
 }

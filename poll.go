@@ -3,6 +3,9 @@ package replayd
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -19,7 +22,10 @@ import (
 // the scope above the cursor, at most limit of them, with the cursor to send
 // next; with wait > 0 a request that has nothing to answer is held until an
 // event of its scope is committed, for at most wait seconds
-// (PollOptions.MaxWait). PROTOCOL.md describes the request and the answer.
+// (PollOptions.MaxWait). An answer is cut once its events hold 4 MiB of
+// payload (PollOptions), and a poll the log cannot answer gets 503 with
+// Retry-After and {"error":…}. PROTOCOL.md describes the request and the
+// answer.
 func (h *EventHub) PollHandler() http.Handler { return (*pollHandler)(h) }
 
 type pollHandler EventHub
@@ -66,8 +72,12 @@ func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	ans, status := h.longPoll(r.Context(), w, r, topics, p)
-	if status == 0 {
+	ans, status, err := h.longPoll(r.Context(), w, r, topics, p)
+	switch {
+	case err != nil:
+		h.pollUnavailable(w, err)
+		return
+	case status == 0:
 		return // answered already (overload), or the client left
 	}
 	if ans.Topics == nil {
@@ -77,20 +87,80 @@ func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.metrics.gap(ans.Gap.Reason)
 	}
 	h.metrics.replayed(transportPoll, len(ans.Events))
+	h.writePollAnswer(w, status, &ans, topics)
+}
+
+// pollPageBytes is the payload, in bytes, at which a poll answer is cut:
+// no further event once its events hold this many (PollOptions' doc).
+// With payloads of at most 1 MiB, an answer holds less than 5 MiB of them.
+const pollPageBytes = 4 << 20
+
+// pollFlushBytes is how much of an answer is encoded before it is written:
+// an answer that fits is written whole, with a Content-Length; a larger one
+// passes through a buffer of about this size, its status sent first.
+const pollFlushBytes = 32 << 10
+
+// writePollAnswer encodes ans and writes it with status. An answer larger
+// than pollFlushBytes is streamed: its payloads are checked before the
+// status is sent, so that a stored payload encoding/json would refuse
+// still gets a 500 rather than half an answer.
+func (h *EventHub) writePollAnswer(w http.ResponseWriter, status int, ans *pollAnswer, topics []string) {
 	buf := pollBuffers.Get().(*[]byte)
 	defer putPollBuffer(buf)
-	body, err := ans.appendJSON((*buf)[:0])
-	*buf = body
-	if err != nil {
-		h.logger.Error("replayd: encode a poll answer", "topics", topics, "err", err)
-		http.Error(w, "internal error", http.StatusInternalServerError)
+	e := pollEncoder{buf: (*buf)[:0], flushAt: pollFlushBytes}
+	defer func() { *buf = e.buf }()
+	writeHeader := func() {
+		hdr := w.Header()
+		hdr.Set("Content-Type", "application/json")
+		hdr.Set("Cache-Control", "no-store")
+		w.WriteHeader(status)
+	}
+	e.head(ans)
+	for i := range ans.Events {
+		ev := &ans.Events[i]
+		if e.out == nil && len(e.buf)+len(ev.Data) > e.flushAt {
+			if err := checkPayloads(ans.Events[i:]); err != nil {
+				h.logger.Error("replayd: encode a poll answer", "topics", topics, "err", err)
+				http.Error(w, "internal error", http.StatusInternalServerError)
+				return
+			}
+			writeHeader()
+			e.out = w
+		}
+		if err := e.event(ev); err != nil {
+			h.logger.Error("replayd: encode a poll answer", "topics", topics, "err", err)
+			if e.out == nil {
+				http.Error(w, "internal error", http.StatusInternalServerError)
+			}
+			return // checked: not reached once the status is sent
+		}
+		if e.err != nil {
+			return // the client went away
+		}
+	}
+	e.tail(ans)
+	if e.out == nil {
+		writeHeader()
+		w.Write(e.buf)
 		return
+	}
+	e.flush()
+}
+
+// pollUnavailable answers a poll the log could not answer: 503,
+// Retry-After, and an error body that no client can take for an answer.
+func (h *EventHub) pollUnavailable(w http.ResponseWriter, err error) {
+	msg := "the event log cannot be read, retry later"
+	if errors.Is(err, ErrClosed) {
+		msg = "server is shutting down, retry later"
 	}
 	hdr := w.Header()
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(body)
+	hdr.Set("Retry-After", strconv.FormatInt((h.overloadDelay()+999)/1000, 10))
+	w.WriteHeader(http.StatusServiceUnavailable)
+	w.Write(appendJSONString(append([]byte(nil), `{"error":`...), msg))
+	w.Write([]byte("}"))
 }
 
 // pollBuffers holds the buffers poll answers are encoded into; a buffer
@@ -106,11 +176,36 @@ func putPollBuffer(buf *[]byte) {
 }
 
 // appendJSON appends the answer exactly as encoding/json.Marshal encodes
-// it (TestPollAnswerJSON holds the two to the same bytes), without
-// reflection; the gap, rare, and any string or payload that needs escaping
-// are still encoded by encoding/json.
+// it (FuzzPollAnswerJSON holds the two to the same bytes).
 func (a *pollAnswer) appendJSON(b []byte) ([]byte, error) {
-	b = append(b, `{"topics":`...)
+	e := pollEncoder{buf: b}
+	e.head(a)
+	for i := range a.Events {
+		if err := e.event(&a.Events[i]); err != nil {
+			return e.buf, err
+		}
+	}
+	e.tail(a)
+	return e.buf, nil
+}
+
+// pollEncoder encodes a poll answer exactly as encoding/json.Marshal does,
+// without reflection, into buf; the gap, rare, and any string that needs
+// escaping are still encoded by encoding/json. Once out is set, buf is
+// written to out whenever it holds flushAt bytes, and a payload's runs of
+// flushAt bytes or more go to out straight from the payload: an answer of
+// any size passes through a buffer of about flushAt bytes.
+type pollEncoder struct {
+	buf     []byte
+	out     io.Writer
+	flushAt int
+	err     error // the first error writing to out; later writes are dropped
+	events  int   // events encoded so far
+}
+
+// head encodes everything before the events' first.
+func (e *pollEncoder) head(a *pollAnswer) {
+	b := append(e.buf, `{"topics":`...)
 	if a.Topics == nil {
 		b = append(b, "null"...)
 	} else {
@@ -133,10 +228,7 @@ func (a *pollAnswer) appendJSON(b []byte) ([]byte, error) {
 	if a.Gap == nil {
 		b = append(b, "null"...)
 	} else {
-		enc, err := json.Marshal(a.Gap)
-		if err != nil {
-			return b, err
-		}
+		enc, _ := json.Marshal(a.Gap) // ints, a reason and nulls: always encodes
 		b = append(b, enc...)
 	}
 	b = append(b, `,"events":`...)
@@ -144,38 +236,125 @@ func (a *pollAnswer) appendJSON(b []byte) ([]byte, error) {
 		b = append(b, "null"...)
 	} else {
 		b = append(b, '[')
-		for i := range a.Events {
-			e := &a.Events[i]
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = append(b, `{"id":`...)
-			b = strconv.AppendInt(b, e.ID, 10)
-			b = append(b, `,"type":`...)
-			b = appendJSONString(b, e.Type)
-			b = append(b, `,"topic":`...)
-			if e.Topic == nil {
-				b = append(b, "null"...)
-			} else {
-				b = appendJSONString(b, *e.Topic)
-			}
-			b = append(b, `,"data":`...)
-			var err error
-			if b, err = appendJSONRaw(b, e.Data); err != nil {
-				return b, err
-			}
-			b = append(b, '}')
-		}
-		b = append(b, ']')
 	}
-	return append(b, '}'), nil
+	e.buf = b
+}
+
+// event encodes one event, after a comma unless it is the first.
+func (e *pollEncoder) event(ev *pollEvent) error {
+	b := e.buf
+	if e.events++; e.events > 1 {
+		b = append(b, ',')
+	}
+	b = append(b, `{"id":`...)
+	b = strconv.AppendInt(b, ev.ID, 10)
+	b = append(b, `,"type":`...)
+	b = appendJSONString(b, ev.Type)
+	b = append(b, `,"topic":`...)
+	if ev.Topic == nil {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, *ev.Topic)
+	}
+	e.buf = append(b, `,"data":`...)
+	if err := e.raw(ev.Data); err != nil {
+		return err
+	}
+	e.buf = append(e.buf, '}')
+	e.write(nil)
+	return nil
+}
+
+// tail encodes everything after the events' last.
+func (e *pollEncoder) tail(a *pollAnswer) {
+	if a.Events != nil {
+		e.buf = append(e.buf, ']')
+	}
+	e.buf = append(e.buf, '}')
+}
+
+// write appends p to the answer (see pollEncoder).
+func (e *pollEncoder) write(p []byte) {
+	if e.out == nil || len(e.buf)+len(p) < e.flushAt {
+		e.buf = append(e.buf, p...)
+		return
+	}
+	e.flush()
+	if len(p) < e.flushAt {
+		e.buf = append(e.buf, p...)
+	} else if e.err == nil {
+		_, e.err = e.out.Write(p)
+	}
+}
+
+// flush writes what buf holds to out.
+func (e *pollEncoder) flush() {
+	if len(e.buf) > 0 && e.err == nil {
+		_, e.err = e.out.Write(e.buf)
+	}
+	e.buf = e.buf[:0]
+}
+
+// raw encodes a payload as encoding/json.Marshal encodes a
+// json.RawMessage: nil as null; compacted, with <, >, &, U+2028 and U+2029
+// escaped; an error if it is not valid JSON. It copies the payload's runs
+// between those as they are: a payload as Publish usually stores it (no
+// white space between tokens, none of those characters) in one piece.
+func (e *pollEncoder) raw(raw []byte) error {
+	if raw == nil {
+		e.buf = append(e.buf, "null"...)
+		return nil
+	}
+	if !validJSON(raw) {
+		return errInvalidPayload
+	}
+	const hex = "0123456789abcdef"
+	start, inString := 0, false
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case c == '"':
+			inString = !inString
+		case c == '\\':
+			i++ // valid JSON: a backslash is in a string, before one more byte
+		case c == '<' || c == '>' || c == '&':
+			e.write(raw[start:i])
+			e.buf = append(e.buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+			start = i + 1
+		case c == 0xE2 && i+2 < len(raw) && raw[i+1] == 0x80 && raw[i+2]&^1 == 0xA8: // U+2028, U+2029
+			e.write(raw[start:i])
+			e.buf = append(e.buf, '\\', 'u', '2', '0', '2', hex[raw[i+2]&0xF])
+			i += 2
+			start = i + 1
+		case !inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			e.write(raw[start:i])
+			start = i + 1
+		}
+	}
+	e.write(raw[start:])
+	return nil
+}
+
+// errInvalidPayload is the error of a stored payload that is not valid
+// JSON (encoding/json.Marshal refuses it too).
+var errInvalidPayload = errors.New("a stored payload is not valid JSON")
+
+// checkPayloads returns errInvalidPayload if pollEncoder.raw would refuse
+// one of evs' payloads.
+func checkPayloads(evs []pollEvent) error {
+	for i := range evs {
+		if evs[i].Data != nil && !validJSON(evs[i].Data) {
+			return fmt.Errorf("event %d: %w", evs[i].ID, errInvalidPayload)
+		}
+	}
+	return nil
 }
 
 // longPoll builds the answer to one poll request, holding a long poll until an
 // event of its scope is committed above its cursor, wait runs out, its
 // access is revoked (WithRevocation), the client leaves or the hub closes.
-// A status of 0 means the answer, if any, was written already.
-func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.Request, topics []string, p pollParams) (pollAnswer, int) {
+// A status of 0 means the answer, if any, was written already; an error,
+// that the log could not be read (or the hub is closing).
+func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.Request, topics []string, p pollParams) (pollAnswer, int, error) {
 	ans := pollAnswer{Topics: topics, Events: []pollEvent{}}
 	var waiter *pollWaiter
 	if p.wait > 0 {
@@ -217,13 +396,12 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return ans, 0
+				return ans, 0, nil
 			}
-			if err == ErrClosed {
-				return ans, http.StatusServiceUnavailable
+			if err != ErrClosed {
+				h.logger.Error("replayd: read the log for a poll", "topics", topics, "remote", r.RemoteAddr, "err", err)
 			}
-			h.logger.Error("replayd: read the log for a poll", "topics", topics, "remote", r.RemoteAddr, "err", err)
-			return ans, http.StatusServiceUnavailable
+			return ans, 0, err
 		}
 		ans.Head = pg.head
 		if fresh {
@@ -234,7 +412,7 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 		case cursor > pg.head || pg.foreign:
 			ans.Gap = &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: p.limit}
 			ans.Cursor = pg.head
-			return ans, http.StatusOK
+			return ans, http.StatusOK, nil
 		case pg.watermark > cursor:
 			ans.Gap = &gap{
 				Reason:        reasonPruned,
@@ -258,14 +436,14 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 				ans.Cursor = pg.events[n-1].Sequence
 			}
 			ans.More = pg.more
-			return ans, http.StatusOK
+			return ans, http.StatusOK, nil
 		}
 		// Nothing to answer yet: wait, holding a connection slot.
 		if releaseCap == nil {
 			var ok bool
 			if releaseCap, ok = h.acquireSlot(); !ok {
 				h.overloaded(w, r, transportPoll)
-				return ans, 0
+				return ans, 0, nil
 			}
 			h.metrics.connOpened(transportPoll)
 			deadline = time.NewTimer(p.wait)
@@ -275,15 +453,15 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 		case <-waiter.wake:
 			h.live.addWaiter(waiter) // before the next read, as above
 		case <-deadline.C:
-			return ans, http.StatusOK
+			return ans, http.StatusOK, nil
 		case <-revoked:
 			// Answered as if the wait ran out: the client polls again,
 			// and Authorize decides again.
-			return ans, http.StatusOK
+			return ans, http.StatusOK, nil
 		case <-h.done:
-			return ans, http.StatusOK
+			return ans, http.StatusOK, nil
 		case <-ctx.Done():
-			return ans, 0
+			return ans, 0, nil
 		}
 	}
 }
@@ -293,13 +471,13 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 // had run out: ans, with no events, holds what its last read answered
 // before the wait. One revoked before it waited is refused with 403, as by
 // Authorize; nothing it read is answered.
-func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited bool) (pollAnswer, int) {
+func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited bool) (pollAnswer, int, error) {
 	if waited {
-		return ans, http.StatusOK
+		return ans, http.StatusOK, nil
 	}
 	h.metrics.refused(refusedForbidden)
 	http.Error(w, "access revoked", http.StatusForbidden)
-	return ans, 0
+	return ans, 0, nil
 }
 
 // readPoll reads a poll's page under a read slot: for a fresh request only
@@ -315,7 +493,7 @@ func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, 
 	if fresh {
 		cursor = maxSequence // read the head and the watermark only
 	}
-	pg, err := h.store.read(ctx, topics, cursor, limit)
+	pg, err := h.store.read(ctx, topics, cursor, limit, pollPageBytes)
 	if fresh {
 		pg.watermark, pg.foreign = 0, false // a fresh request is owed no gap
 	}

@@ -2,9 +2,13 @@ package replayd
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -88,3 +92,68 @@ func TestPollLongPollWokenThroughTail(t *testing.T) {
 }
 
 const pollChildEnv = "REPLAYD_POLL_CHILD"
+
+// A poll the log cannot answer gets 503 with Retry-After and an error body
+// that cannot pass for an answer, and the failure is logged (issue 17, row
+// 6): it was a 503 holding a well-formed empty answer, cursor 0,
+// which a client reading the body without the status would have taken.
+// The same for a waiting poll whose read fails when it is woken, and for
+// a poll that arrives while the hub is closing.
+func TestPollReadErrorIsAnErrorAnswer(t *testing.T) {
+	db, _ := openTestDB(t)
+	s, err := NewSQLiteStore(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.(io.Closer).Close() })
+	fs := &faultyStore{Store: s}
+	logs := &wiretest.LogRecorder{}
+	h, err := NewWithStore(fs, Options{Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	base := wiretest.ServePoll(t, h)
+	ev := mustPublish(t, h, "a", 1)
+	checkErrorAnswer := func(what string, status int, hdr http.Header, body []byte) {
+		t.Helper()
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(body, &keys); err != nil {
+			t.Fatalf("%s: body %q: %v", what, body, err)
+		}
+		var msg string
+		if status != http.StatusServiceUnavailable || hdr.Get("Content-Type") != "application/json" ||
+			hdr.Get("Cache-Control") != "no-store" || len(keys) != 1 || json.Unmarshal(keys["error"], &msg) != nil || msg == "" {
+			t.Fatalf("%s: %d %v %s, want 503 and {\"error\":…}", what, status, hdr, body)
+		}
+		if secs, err := strconv.Atoi(hdr.Get("Retry-After")); err != nil || secs < 1 {
+			t.Fatalf("%s: Retry-After %q", what, hdr.Get("Retry-After"))
+		}
+	}
+
+	fs.failReads.Store(true) // global reads fail: a poll without a topic
+	status, hdr, body := wiretest.GetPoll(t, base, "cursor=0")
+	checkErrorAnswer("read error", status, hdr, body)
+	if n := logs.Count(slog.LevelError, "replayd: read the log for a poll", "err", "injected read failure"); n != 1 {
+		t.Fatalf("%d log records of the failed read:\n%s", n, logs)
+	}
+
+	// A waiting poll: its first read fails.
+	status, hdr, body = wiretest.GetPoll(t, base, fmt.Sprintf("cursor=%d&wait=10", ev.Sequence))
+	checkErrorAnswer("waiting poll", status, hdr, body)
+
+	fs.failReads.Store(false)
+	if p := wiretest.Poll(t, base, "cursor=0"); len(p.Events) != 1 {
+		t.Fatalf("after the fault: %+v", p)
+	}
+	h.Close()
+	status, hdr, body = wiretest.GetPoll(t, base, "cursor=0")
+	checkErrorAnswer("closed hub", status, hdr, body)
+}
+
+// The kits (hubtest, chaostest) hold answers to the hub's byte bound.
+func TestPollPageBytesShared(t *testing.T) {
+	if pollPageBytes != wiretest.PollPageBytes {
+		t.Fatalf("the hub cuts poll answers at %d bytes, the kits expect %d", pollPageBytes, wiretest.PollPageBytes)
+	}
+}

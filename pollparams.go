@@ -2,6 +2,7 @@ package replayd
 
 import (
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -18,10 +19,17 @@ type pollParams struct {
 const defaultPollLimit = 100
 
 // parsePollParams reads cursor, limit and wait from query. A parameter given
-// empty is treated as absent; a malformed one is an error naming it. limit
-// is lowered to maxLimit and wait to maxWait.
+// empty is treated as absent; a malformed one is an error naming it, and so
+// is one given more than once with values that are not all the same (each
+// is then checked as one value would be). limit is lowered to maxLimit and
+// wait to maxWait.
 func parsePollParams(query url.Values, maxLimit int, maxWait time.Duration) (pollParams, error) {
 	p := pollParams{fresh: true, limit: min(defaultPollLimit, maxLimit)}
+	for _, name := range []string{"cursor", "limit", "wait"} {
+		if vs := query[name]; len(vs) > 1 && slices.ContainsFunc(vs[1:], func(v string) bool { return v != vs[0] }) {
+			return p, invalidf("%s is given more than once, with different values", name)
+		}
+	}
 	if s := query.Get("cursor"); s != "" {
 		c, ok := parseCursor(s)
 		if !ok {

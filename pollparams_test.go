@@ -49,6 +49,24 @@ func TestParsePollParams(t *testing.T) {
 		{query: "wait=NaN", bad: true},
 		{query: "wait=1.2.3", bad: true},
 		{query: "wait=0x10", bad: true},
+		// Given more than once: every value well-formed and the same
+		// (issue 17, row 5).
+		{query: "cursor=5&cursor=5", want: pollParams{cursor: 5, limit: 100}},
+		{query: "limit=7&limit=7&limit=7", want: pollParams{fresh: true, limit: 7}},
+		{query: "wait=.5&wait=.5", want: pollParams{fresh: true, limit: 100, wait: 500 * time.Millisecond}},
+		{query: "cursor=&cursor=", want: pollParams{fresh: true, limit: 100}},
+		{query: "cursor=5&cursor=abc", bad: true},
+		{query: "cursor=abc&cursor=5", bad: true},
+		{query: "cursor=5&cursor=6", bad: true},
+		{query: "cursor=5&cursor=05", bad: true},
+		{query: "cursor=5&cursor=", bad: true},
+		{query: "cursor=&cursor=5", bad: true},
+		{query: "cursor=x&cursor=x", bad: true},
+		{query: "limit=1&limit=abc", bad: true},
+		{query: "limit=1&limit=2", bad: true},
+		{query: "limit=2000&limit=3000", bad: true},
+		{query: "wait=1&wait=x", bad: true},
+		{query: "wait=1&wait=1.0", bad: true},
 	} {
 		q, err := url.ParseQuery(tc.query)
 		if err != nil {

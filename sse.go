@@ -633,8 +633,14 @@ func handshakeSlots(poolSize int) int {
 }
 
 // acquireRead takes a handshake slot; false if ctx ends or the hub closes
-// first. Release it with releaseRead.
+// first, or has closed (a free slot does not win against Close: select
+// would pick either). Release it with releaseRead.
 func (h *EventHub) acquireRead(ctx context.Context) bool {
+	select {
+	case <-h.done:
+		return false
+	default:
+	}
 	select {
 	case h.handshakes <- struct{}{}:
 		return true

@@ -371,12 +371,13 @@ type page struct {
 }
 
 // read returns, in one snapshot (Store.Read), the head, the scope's prune
-// watermark and its oldest events above after: at most limit of them, and
-// whether there were more. The poll handler answers from it; everything in
+// watermark and its oldest events above after: at most limit of them, no
+// more once they hold maxBytes of payload (at least one), and whether there
+// were more. The poll handler answers from it; everything in
 // one answer describes the log at one moment, so a prune racing the read
 // cannot open a hole between the events and the watermark.
-func (v hubStore) read(ctx context.Context, topics []string, after int64, limit int) (page, error) {
-	p, err := v.s.Read(ctx, ReadRequest{Scope: topics, After: after, Limit: limit})
+func (v hubStore) read(ctx context.Context, topics []string, after int64, limit, maxBytes int) (page, error) {
+	p, err := v.s.Read(ctx, ReadRequest{Scope: topics, After: after, Limit: limit, MaxBytes: maxBytes})
 	if err != nil {
 		return page{}, err
 	}

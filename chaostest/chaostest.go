@@ -30,7 +30,8 @@
 // serve SSE and poll clients over real HTTP on listeners with small send
 // buffers, each hub serving its streams detached (DetachConnections) or
 // through net/http as the seed decides. A storm phase opens storms of handshakes from cursor 0 while a
-// large log is published; then, for Config.Duration, publishers (topics,
+// large log is published, and six events of 1 MiB follow (polls over them
+// are cut at 4 MiB of payload); then, for Config.Duration, publishers (topics,
 // broadcasts, multi-line payloads, retried event ids, some through hub B),
 // two pruners, restarts of hub B, server-side kills of hub A's connections,
 // 28 SSE clients (fresh, resumed, stale, future and invalid cursors, by
@@ -172,6 +173,7 @@ type env struct {
 	polls   pollState
 	stats   struct {
 		publishes, retries, retriesSame, retriesNew, publishB atomic.Int64
+		bigEvents                                             atomic.Int64
 		pruneCalls, pruned, restarts, resyncs, kills          atomic.Int64
 		badStatus, dropped                                    atomic.Int64
 		forbidden, overloaded, servedAfterOverload            atomic.Int64
@@ -317,6 +319,8 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 	storms := <-stormed
 	t.Logf("storm phase: %d events published while %d connections stormed in from cursor 0, in %v",
 		prefill, len(storms), e.timeline.Since().Round(time.Millisecond))
+
+	e.bigBurst(rand.New(rand.NewPCG(seed, 150)))
 
 	var wg sync.WaitGroup // publishers, pruners, restarter
 	for p := range numPublishers {
@@ -561,8 +565,8 @@ func (e *env) check(results []clientResult, subA, subB *Subscriber, elapsed time
 	}
 
 	t.Logf("chaos phase and finish: %v", elapsed.Round(time.Millisecond))
-	t.Logf("published %d events (%d publish calls, %d through hub B; %d retries with a used event id: %d returned the original, %d a new row after the original was pruned); %d still in the log; prune watermark %d",
-		rep.Published, e.stats.publishes.Load(), e.stats.publishB.Load(), e.stats.retries.Load(),
+	t.Logf("published %d events (%d publish calls, %d through hub B, %d of 1 MiB in bursts; %d retries with a used event id: %d returned the original, %d a new row after the original was pruned); %d still in the log; prune watermark %d",
+		rep.Published, e.stats.publishes.Load(), e.stats.publishB.Load(), e.stats.bigEvents.Load(), e.stats.retries.Load(),
 		e.stats.retriesSame.Load(), e.stats.retriesNew.Load(), len(rows), mark)
 	t.Logf("%d prune calls deleted %d rows; hub B restarted %d times; hub A disconnected all streams %d times, its listener closed all connections %d times",
 		e.stats.pruneCalls.Load(), e.stats.pruned.Load(), e.stats.restarts.Load(), e.stats.resyncs.Load(), e.stats.kills.Load())

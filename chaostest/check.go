@@ -153,10 +153,12 @@ type Report struct {
 	Resumes, ExactResumes int
 
 	// Poll sessions, answers checked (200), the events they carried; by
-	// mode and gap reason; resumes as for SSE (by session).
+	// mode and gap reason; resumes as for SSE (by session); answers cut by
+	// bytes (more, fewer events than the limit).
 	Sessions, Answers, PollEvents int
 	PollModes, PollGaps           map[string]int
 	PollResumes, PollExactResumes int
+	PollByteCuts                  int
 }
 
 // Log logs what r checked.
@@ -164,8 +166,8 @@ func (r *Report) Log(t testing.TB) {
 	t.Helper()
 	t.Logf("checked %d events (%d attempted with no outcome and found in the log; %d still in the log at the end); %d connections (%d frames, %d events of which %d replayed; %d streams served detached): modes %v; gaps %v; ends %v; %d resumed on another hub, %d of them exactly",
 		r.Published, r.Adopted, r.Retained, r.Conns, r.Frames, r.Events, r.Replayed, r.Detached, r.Modes, r.Gaps, r.Ends, r.Resumes, r.ExactResumes)
-	t.Logf("checked %d poll sessions (%v), %d answers with %d events; gaps %v; %d sessions resumed on another hub, %d of them exactly",
-		r.Sessions, r.PollModes, r.Answers, r.PollEvents, r.PollGaps, r.PollResumes, r.PollExactResumes)
+	t.Logf("checked %d poll sessions (%v), %d answers with %d events (%d cut at 4 MiB of payload); gaps %v; %d sessions resumed on another hub, %d of them exactly",
+		r.Sessions, r.PollModes, r.Answers, r.PollEvents, r.PollByteCuts, r.PollGaps, r.PollResumes, r.PollExactResumes)
 }
 
 // Check checks the log against the ledger, every connection and poll

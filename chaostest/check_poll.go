@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // checkPolls checks every poll answer against the ledger; the violations'
@@ -114,10 +116,24 @@ func (v *view) checkPoll(s *PollSession, p *Poll) (int, error) {
 		return 0, fmt.Errorf("head %d, but %d was committed before the request", a.Head, p.Known)
 	case len(a.Events) > limit:
 		return 0, fmt.Errorf("%d events, limit %d", len(a.Events), limit)
-	case a.More && len(a.Events) != limit:
-		return 0, fmt.Errorf("more with %d events, limit %d", len(a.Events), limit)
 	case p.gap != nil && p.gap.ReplayLimit != limit:
 		return 0, fmt.Errorf("gap replayLimit %d, want %d", p.gap.ReplayLimit, limit)
+	}
+	// The page is cut by bytes too (PROTOCOL.md, Polling): no event once
+	// those before it hold wiretest.PollPageBytes of payload; more with
+	// fewer than limit events only when they do.
+	size := 0
+	for i, ev := range a.Events {
+		if size >= wiretest.PollPageBytes {
+			return 0, fmt.Errorf("event %d (%d of %d) after %d bytes of payload", ev.seq, i+1, len(a.Events), size)
+		}
+		size += v.bySeq[ev.seq].size
+	}
+	if a.More && len(a.Events) < limit {
+		if size < wiretest.PollPageBytes {
+			return 0, fmt.Errorf("more with %d events (%d bytes of payload), limit %d", len(a.Events), size, limit)
+		}
+		v.r.PollByteCuts++
 	}
 	covered := [2]int64{1, 0} // the gap's range, inclusive; empty when from > through
 	var prev int64

@@ -19,11 +19,12 @@ type entry struct {
 	topic, typ, eventID string
 	hash                uint64 // of type and data as an SSE client sees them
 	polled              uint64 // of type and data as a poll answer carries them
+	size                int    // the payload's bytes, as stored
 }
 
 func newEntry(ev replayd.Event) entry {
 	return entry{topic: ev.Topic, typ: ev.Type, eventID: ev.EventID,
-		hash: frameHash(ev.Type, string(ev.Payload)), polled: pollHash(ev.Type, ev.Payload)}
+		hash: frameHash(ev.Type, string(ev.Payload)), polled: pollHash(ev.Type, ev.Payload), size: len(ev.Payload)}
 }
 
 // Ledger is the oracle's record of what was published: every event a

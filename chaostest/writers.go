@@ -156,6 +156,23 @@ func drawPayload(rng *rand.Rand, p, n int) json.RawMessage {
 	return json.RawMessage(fmt.Sprintf(`{"p":%d,"n":%d,"pad":%q}`, p, n, pad))
 }
 
+// bigBurst publishes on hub A six events of 1 MiB on one topic, between
+// the storm phase and the chaos phase: a poll paging over them while they
+// are retained gets an answer cut at 4 MiB of payload (four events, more
+// true), and an SSE replay over them gets frames far above hub
+// A's MaxBufferedBytes. Once, and before any client is live: every client
+// of the topic that is sent them moves each byte several times, and under
+// the race detector bursts during the chaos phase slowed the run threefold.
+func (e *env) bigBurst(rng *rand.Rand) {
+	topic := allTopics[rng.IntN(len(allTopics))]
+	pad := strings.Repeat("x", 1<<20-64)
+	for i := range 6 {
+		e.publish(e.hubA, topic, json.RawMessage(fmt.Sprintf(`{"big":%d,"pad":%q}`, i, pad)), replayd.WithType("update"))
+	}
+	e.stats.bigEvents.Add(6)
+	e.timeline.Add(fmt.Sprintf("burst: six events of 1 MiB on %q", topic))
+}
+
 // pruner calls Prune on either hub, by count or by age, until the chaos
 // phase ends.
 func (e *env) pruner(rng *rand.Rand) {

@@ -129,6 +129,7 @@ var subtests = []struct {
 	{"PollAndSSEShareTheCursor", testPollAndSSEShareTheCursor},
 	{"PollLongPollWokenThroughTailFromAnotherHub", testPollLongPollWokenThroughTailFromAnotherHub},
 	{"PollRandomized", testPollRandomized},
+	{"PollMemoryBounded", testPollMemoryBounded},
 	// admit.go
 	{"SSETopicQueryStrict", testSSETopicQueryStrict},
 	{"SSERevokedContextEndsStream", testSSERevokedContextEndsStream},

@@ -89,11 +89,18 @@ func testPollBadParameters(t *testing.T, newLog func(t *testing.T) opener) {
 		"limit=0", "limit=-1", "limit=1.0", "limit=x",
 		"wait=-1", "wait=1e3", "wait=Inf", "wait=+1", "wait=.", "wait=1.2.3",
 		"topic=a;b", "topic=%00", "topic=" + strings.Repeat("x", 300),
+		// Given more than once, a parameter is malformed unless every
+		// value is well-formed and the same (issue 17, row 5).
+		"cursor=5&cursor=abc", "limit=1&limit=abc", "wait=1&wait=x", "cursor=abc&cursor=5",
+		"cursor=1&cursor=2", "limit=1&limit=2", "cursor=1&cursor=",
 	} {
 		status, _, body := wiretest.GetPoll(t, base, q)
 		if status != http.StatusBadRequest {
 			t.Errorf("%q: %d %s, want 400", q, status, body)
 		}
+	}
+	if p := wiretest.Poll(t, base, "cursor=0&cursor=0&limit=3&limit=3&wait=0&wait=0"); p.Cursor != 0 || p.Gap != nil {
+		t.Errorf("the same values repeated: %+v", p)
 	}
 	// Methods.
 	for _, m := range []string{"POST", "PUT", "DELETE", "HEAD"} {
@@ -510,4 +517,87 @@ func testSeed(t *testing.T) uint64 {
 	}
 	t.Logf("seed %d (rerun with REPLAYD_HUBTEST_SEED=%d)", seed, seed)
 	return seed
+}
+
+// A poll answer's memory is bounded whatever the payloads (issue 17, row
+// 1): over 24 events of 1 MiB (the fourth needing escapes, six
+// bytes on the wire for each of its characters), one poll asking for all
+// of them holds at most 64 MiB of heap above the level before, and four
+// at once at most 128 MiB; the answer is cut at 4 MiB of payload (at least
+// one event, more true), and paging on from its cursor gets every event
+// once, in order, as stored.
+func testPollMemoryBounded(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	h := open(replayd.Options{})
+	base := wiretest.ServePoll(t, h)
+	const events = 24
+	plain := `"` + strings.Repeat("x", 1<<20-2) + `"`
+	escaped := `"` + strings.Repeat("<", 1<<20-2) + `"`
+	want := map[int64]string{} // the payload each event's data must be on the wire
+	for i := range events {
+		raw := plain
+		if i == 3 { // in the first answer
+			raw = escaped
+		}
+		ev := mustPublish(t, h, "big", json.RawMessage(raw))
+		want[ev.Sequence] = raw
+	}
+	wire := func(raw string) string { return strings.ReplaceAll(raw, "<", `\u003c`) }
+	query := fmt.Sprintf("topic=big&cursor=0&limit=%d", events)
+	for _, c := range []struct {
+		polls int
+		limit uint64
+	}{{1, 64 << 20}, {4, 128 << 20}} {
+		var answers [4]wiretest.LargePoll
+		var errs [4]error
+		_, peak := wiretest.PeakHeap(func() {
+			var wg sync.WaitGroup
+			for i := range c.polls {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					answers[i], errs[i] = wiretest.GetLargePoll(base, query, 0) // counted, not kept
+				}()
+			}
+			wg.Wait()
+		})
+		for i := range c.polls {
+			if errs[i] != nil || answers[i].Status != http.StatusOK {
+				t.Fatalf("poll %d of %d: status %d, %v", i, c.polls, answers[i].Status, errs[i])
+			}
+		}
+		t.Logf("%d polls at once over %d events of 1 MiB: heap in use peaked %s above the level before; answers of %s",
+			c.polls, events, wiretest.MiB(peak), wiretest.MiB(uint64(answers[0].Size)))
+		if peak > c.limit {
+			t.Errorf("%d polls at once: heap in use peaked %s above the level before, want at most %s",
+				c.polls, wiretest.MiB(peak), wiretest.MiB(c.limit))
+		}
+	}
+	// The cut: at least one event, none after the payloads reach 4 MiB,
+	// more true; and paging on gets the rest, once each, in order.
+	cursor, pages, next := int64(0), 0, int64(1)
+	for more := true; more; pages++ {
+		p := wiretest.Poll(t, base, fmt.Sprintf("topic=big&cursor=%d&limit=%d", cursor, events))
+		if len(p.Events) == 0 {
+			t.Fatalf("page %d at cursor %d: no event, more %v", pages, cursor, p.More)
+		}
+		size := 0
+		for i, ev := range p.Events {
+			if size >= wiretest.PollPageBytes {
+				t.Fatalf("page %d: event %d of %d comes after %d bytes of payload", pages, i+1, len(p.Events), size)
+			}
+			if ev.ID != next || string(ev.Data) != wire(want[ev.ID]) {
+				t.Fatalf("page %d: event %d (%d bytes), want %d", pages, ev.ID, len(ev.Data), next)
+			}
+			size += len(want[ev.ID])
+			next++
+		}
+		if p.Cursor != p.Events[len(p.Events)-1].ID || p.More != (p.Cursor < events) {
+			t.Fatalf("page %d: cursor %d, more %v", pages, p.Cursor, p.More)
+		}
+		cursor, more = p.Cursor, p.More
+	}
+	if next != events+1 || pages < events/5 {
+		t.Fatalf("%d pages brought events up to %d", pages, next-1)
+	}
 }

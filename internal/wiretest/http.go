@@ -70,6 +70,11 @@ func ReadyWithin(ready func(context.Context) error, d time.Duration) (time.Durat
 	return time.Since(start), err
 }
 
+// PollPageBytes is the payload, in bytes, at which the hub cuts a poll
+// answer (replayd's PollOptions doc): no further event once those before
+// it hold this many; more is then true.
+const PollPageBytes = 4 << 20
+
 // PollAnswer is a poll answer as a client decodes it.
 type PollAnswer struct {
 	Topics []string `json:"topics"`

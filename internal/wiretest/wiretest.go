@@ -13,6 +13,8 @@
 //     StalledConn (http.go): requests over real HTTP.
 //   - WaitUntil, LogRecorder, Recorder and Seqs (record.go): bounded waits
 //     and what a logger or a subscriber was told.
+//   - PeakHeap and GetLargePoll (heap.go): the most heap a piece of work
+//     held, and poll answers counted rather than kept.
 //
 // It must not import package replayd: an internal test of package replayd
 // cannot import a package that does.
