@@ -211,10 +211,19 @@ func parseForm(body []byte) (publishItem, error) {
 		if json.Valid([]byte(data[0])) {
 			it.Data = json.RawMessage(data[0])
 		} else {
-			it.Data, _ = json.Marshal(data[0])
+			it.Data = jsonString(data[0])
 		}
 	}
 	return it, nil
+}
+
+// jsonString encodes s as a JSON string, leaving <, > and & as they are.
+func jsonString(s string) json.RawMessage {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(s) // a string always encodes
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // writeJSON answers with status and v as JSON.

@@ -36,8 +36,8 @@ type Server struct {
 }
 
 // New opens the log c names and builds the server's handler.
-func New(ctx context.Context, c Config, log *slog.Logger) (s *Server, err error) {
-	s = &Server{log: log}
+func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error) {
+	s := &Server{log: log}
 	defer func() {
 		if err != nil {
 			s.Close()
