@@ -255,3 +255,13 @@ func needTool(t *testing.T, name string) string {
 
 // farFuture is an expiry no test reaches.
 func farFuture() time.Time { return time.Now().Add(time.Hour) }
+
+// modes are the ways streams are served: through net/http, and detached
+// from it (--detach).
+var modes = []struct {
+	name string
+	args []string
+}{
+	{"net/http", nil},
+	{"detached", []string{"--detach"}},
+}

@@ -89,9 +89,15 @@ func TestRestartResumesExactly(t *testing.T) {
 // within 10s, every stream ends, every acknowledged publish is stored once,
 // and every client resumes on a new process with nothing lost.
 func TestSIGTERMDrains(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) { testSIGTERMDrains(t, mode.args) })
+	}
+}
+
+func testSIGTERMDrains(t *testing.T, extra []string) {
 	const clients, publishers = 200, 8
 	db := filepath.Join(t.TempDir(), "drain.db")
-	args := serveArgs(t, db)
+	args := append(serveArgs(t, db), extra...)
 	d := start(t, nil, args...)
 	tok := token(t, farFuture(), "room-*")
 	streams := make([]*wiretest.Client, clients)

@@ -146,7 +146,13 @@ func TestTokenPublicKeys(t *testing.T) {
 // comes back with a fresh token and its cursor and gets everything
 // published meanwhile, nothing twice.
 func TestTokenExpiresMidStream(t *testing.T) {
-	d := start(t, nil, serveArgs(t, filepath.Join(t.TempDir(), "x.db"))...)
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) { testTokenExpiresMidStream(t, mode.args) })
+	}
+}
+
+func testTokenExpiresMidStream(t *testing.T, extra []string) {
+	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "x.db")), extra...)...)
 	first := publish(t, d.base, "room-1", "e0", 0)
 	exp := time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
 	short := token(t, exp, "room-*")
