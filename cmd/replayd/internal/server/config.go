@@ -18,6 +18,7 @@ type Config struct {
 	Listen   string // address to listen on
 	DB       string // SQLite file
 	Postgres string // PostgreSQL DSN; set: DB is not used
+	PGPrefix string // PostgreSQL table prefix; empty: replaydpg's default
 
 	PublishKeys []PublishKey // who may publish where
 
@@ -76,6 +77,7 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.StringVar(&c.DB, "db", c.DB, "SQLite database `file`")
 	fs.StringVar(&c.Postgres, "postgres", "", "PostgreSQL `DSN` (several nodes on one database); replaces --db")
 	fs.Var(&keys, "publish-key", "publish `KEY` or KEY=PATTERN[,PATTERN...] (repeatable); without = the key publishes anywhere")
+	fs.StringVar(&c.PGPrefix, "postgres-table-prefix", "", "with --postgres: the tables' name `prefix` (default replayd_)")
 	fs.StringVar(&c.TokenKeyFile, "token-key", "", "subscriber token key `file`: an HS256 secret, or a PEM public key (RS256, ES256, EdDSA)")
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "", "required token `iss`")
 	fs.StringVar(&c.TokenAudience, "token-audience", "", "required token `aud`")

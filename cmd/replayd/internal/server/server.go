@@ -74,7 +74,11 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 		opts.Poll.MaxWait = -1
 	}
 	if c.Postgres != "" {
-		st, err := replaydpg.Open(ctx, c.Postgres)
+		var pgOpts []replaydpg.Option
+		if c.PGPrefix != "" {
+			pgOpts = append(pgOpts, replaydpg.WithTablePrefix(c.PGPrefix))
+		}
+		st, err := replaydpg.Open(ctx, c.Postgres, pgOpts...)
 		if err != nil {
 			return nil, fmt.Errorf("opening PostgreSQL: %w", err)
 		}
