@@ -22,8 +22,11 @@ import (
 // The tests run the built binary as a child process, as an operator does,
 // and talk to it over HTTP on 127.0.0.1.
 
-// bin is the replayd binary TestMain builds.
-var bin string
+// bin is the replayd binary TestMain builds, with buildFlags.
+var (
+	bin        string
+	buildFlags []string
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "replayd-bin")
@@ -32,7 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = filepath.Join(dir, "replayd")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	out, err := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", bin, ".")...).CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		os.RemoveAll(dir)

@@ -37,6 +37,7 @@ type Config struct {
 	MaxConnections int
 	MaxTopics      int
 	Heartbeat      time.Duration
+	Retry          time.Duration
 	PollMaxWait    time.Duration
 	TailInterval   time.Duration
 	MaxBody        int64
@@ -90,6 +91,7 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls (0: no cap)")
 	fs.IntVar(&c.MaxTopics, "max-topics", c.MaxTopics, "most topics in one request")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", c.Heartbeat, "heartbeat `interval` (negative: none)")
+	fs.DurationVar(&c.Retry, "retry", 0, "reconnect `delay` told to EventSource clients (0: the browser's default)")
 	fs.DurationVar(&c.PollMaxWait, "poll-max-wait", c.PollMaxWait, "longest long poll")
 	fs.DurationVar(&c.TailInterval, "tail-interval", c.TailInterval, "with --postgres: fallback poll for other nodes' events")
 	fs.Var(&maxBody, "max-body", "largest POST /publish `body` (bytes, or with KiB, MiB, GiB)")
@@ -173,6 +175,8 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 		return c, usagef("--retention-max-age must not be negative")
 	case c.RetentionMaxEvents < 0:
 		return c, usagef("--retention-max-events must not be negative")
+	case c.Retry < 0:
+		return c, usagef("--retry must not be negative")
 	case c.MaxConnections < 0:
 		return c, usagef("--max-connections must not be negative")
 	case c.MaxTopics < 1:

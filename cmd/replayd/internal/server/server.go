@@ -61,6 +61,7 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 			AllowedOrigins:    c.AllowOrigins,
 			ReplayLimit:       c.ReplayLimit,
 			HeartbeatInterval: c.Heartbeat,
+			Retry:             c.Retry,
 			MaxConnections:    c.MaxConnections,
 			MaxTopics:         c.MaxTopics,
 			DetachConnections: c.Detach,
