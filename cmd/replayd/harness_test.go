@@ -78,10 +78,11 @@ func secretFile(t *testing.T) string {
 }
 
 // serveArgs are the flags most tests run with: a database in dir, both
-// publish keys, the tests' secret, public topics pub-*.
+// publish keys, the tests' secret, public topics pub-*, and heartbeats
+// rare enough that no test meets one (NextIs wants the next frame).
 func serveArgs(t *testing.T, db string) []string {
 	return []string{"--db", db, "--publish-key", publishKey, "--publish-key", roomKey + "=room-*",
-		"--token-key", secretFile(t), "--public-topics", "pub-*", "--heartbeat", "1s"}
+		"--token-key", secretFile(t), "--public-topics", "pub-*", "--heartbeat", "1m"}
 }
 
 // start runs `replayd serve args…` on a free port and waits until it

@@ -52,7 +52,7 @@ func pgPrefix(t *testing.T) (dsn, prefix string) {
 func TestTwoNodesOnPostgres(t *testing.T) {
 	dsn, prefix := pgPrefix(t)
 	args := []string{"--postgres", dsn, "--postgres-table-prefix", prefix, "--publish-key", publishKey,
-		"--token-key", secretFile(t), "--heartbeat", "1s", "--tail-interval", "200ms"}
+		"--token-key", secretFile(t), "--heartbeat", "1m", "--tail-interval", "200ms"}
 	a := start(t, nil, args...)
 	b := start(t, nil, args...)
 	tok := token(t, farFuture(), "room-*")
