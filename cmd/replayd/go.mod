@@ -9,6 +9,7 @@ require (
 	github.com/replayd/replayd v0.0.0
 	github.com/replayd/replayd/replaydpg v0.0.0
 	github.com/replayd/replayd/replaydprom v0.0.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (
