@@ -328,6 +328,18 @@ func WithEventID(id string) PublishOption {
 type publishReq struct {
 	ev  Event
 	res chan publishRes // buffered: the writer never waits on the caller
+	// group, when set, holds this request and the others of one
+	// PublishBatch, handed to the writer in one send and committed
+	// together (a batch may then exceed maxBatch by less than a group).
+	group []*publishReq
+}
+
+// addTo appends r, or the requests of r's group, to batch.
+func (r *publishReq) addTo(batch []*publishReq) []*publishReq {
+	if r.group != nil {
+		return append(batch, r.group...)
+	}
+	return append(batch, r)
 }
 
 type publishRes struct {
@@ -371,14 +383,16 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 // PublishBatch publishes evs, each stored or refused on its own, and
 // returns one result per event, in order. Of each event only EventID
 // (empty: a fresh UUIDv7), Type (empty: Options.DefaultType), Topic and
-// Payload (valid JSON) are used. The events are handed to the writer
-// together, so they are normally committed in one transaction; a refused
-// event (Err set) stores nothing and does not affect the others, and a
-// Duplicate stored nothing and carries the original event. The errors and
-// their meaning are Publish's (ErrOutcomeUnknown among them), per event.
+// Payload (valid JSON) are used. The valid events are handed to the writer
+// in one piece and committed in one transaction, with whatever other
+// publishes are waiting. A refused event (Err set) stores nothing and does
+// not affect the others; a Duplicate stored nothing and carries the
+// original event. The errors and their meaning are Publish's
+// (ErrOutcomeUnknown among them), per event.
 func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult {
 	out := make([]AppendResult, len(evs))
 	reqs := make([]*publishReq, len(evs))
+	var group []*publishReq
 	start := time.Now()
 	for i, ev := range evs {
 		po := publishOptions{eventType: h.opts.DefaultType, eventID: ev.EventID, eventIDSet: ev.EventID != ""}
@@ -391,11 +405,22 @@ func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult
 			out[i].Err = err
 			continue
 		}
-		if err := h.enqueue(ctx, req); err != nil {
-			out[i].Err = err
-			continue
-		}
 		reqs[i] = req
+		group = append(group, req)
+	}
+	if len(group) == 0 {
+		return out
+	}
+	// One send hands the writer every valid event: they are committed in
+	// one transaction, not spread over the writer's next batches.
+	group[0].group = group
+	if err := h.enqueue(ctx, group[0]); err != nil {
+		for i, req := range reqs {
+			if req != nil {
+				out[i].Err = err
+			}
+		}
+		return out
 	}
 	for i, req := range reqs {
 		if req == nil {
@@ -492,7 +517,7 @@ func (h *EventHub) writeLoop() {
 	for {
 		select {
 		case r := <-h.pubs:
-			batch = append(batch[:0], r)
+			batch = r.addTo(batch[:0])
 		case <-h.done:
 			return
 		}
@@ -505,7 +530,7 @@ func (h *EventHub) writeLoop() {
 		for len(batch) < maxBatch {
 			select {
 			case r := <-h.pubs:
-				batch = append(batch, r)
+				batch = r.addTo(batch)
 				continue
 			default:
 			}
@@ -518,7 +543,7 @@ func (h *EventHub) writeLoop() {
 			}
 			select {
 			case r := <-h.pubs:
-				batch = append(batch, r)
+				batch = r.addTo(batch)
 			case <-linger.C:
 				lingering = false
 				break gather
