@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestPatterns(t *testing.T) {
@@ -63,5 +64,37 @@ func TestPublishInProcess(t *testing.T) {
 	}
 	if head, err := s.Hub().LatestSequence(context.Background()); err != nil || head != 2 {
 		t.Fatalf("head %d %v", head, err)
+	}
+}
+
+// Requests whose tokens expire in the same second share one context, which
+// ends then and is forgotten.
+func TestExpiriesShared(t *testing.T) {
+	var e expiries
+	at := time.Now().Add(1500 * time.Millisecond)
+	a, b := e.at(at), e.at(at.Add(time.Millisecond))
+	if a != b && at.Unix() == at.Add(time.Millisecond).Unix() {
+		t.Fatal("two contexts for one second")
+	}
+	select {
+	case <-a.Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("the expiry context did not end")
+	}
+	if time.Now().Before(time.Unix(at.Unix(), 0)) {
+		t.Fatal("ended before the expiry")
+	}
+	deadline := time.Now().Add(time.Second)
+	for {
+		e.mu.Lock()
+		n := len(e.m)
+		e.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d expiries kept after they ended", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

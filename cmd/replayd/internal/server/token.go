@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -127,7 +128,7 @@ type accessKey struct{}
 type subscribers struct {
 	verifier *verifier // nil: no tokens, only public topics
 	public   Patterns
-	detach   bool            // streams outlive their handler (DetachConnections)
+	expiries expiries        // contexts ending at token expiries
 	stopping context.Context // done at shutdown: ends every stream and waiting poll
 }
 
@@ -146,15 +147,7 @@ func (s *subscribers) wrap(next http.Handler) http.Handler {
 			}
 		}
 		if a.claims != nil && a.claims.ExpiresAt != nil {
-			exp, cancel := context.WithDeadline(context.Background(), a.claims.ExpiresAt.Time)
-			if s.detach {
-				// The stream may outlive this handler: release the
-				// timer at the expiry instead of here.
-				time.AfterFunc(time.Until(a.claims.ExpiresAt.Time), cancel)
-			} else {
-				defer cancel()
-			}
-			ctx = replayd.WithRevocation(ctx, exp)
+			ctx = replayd.WithRevocation(ctx, s.expiries.at(a.claims.ExpiresAt.Time))
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, accessKey{}, a)))
 	})
@@ -192,3 +185,35 @@ func (s *subscribers) authorize(r *http.Request, topics []string) error {
 }
 
 var errForbidden = errors.New("the token does not cover the topics")
+
+// expiries hands out contexts that end at a token's expiry, one per second
+// of expiry shared by every request whose token expires then: a stream may
+// outlive its handler (DetachConnections), so no request could release a
+// context of its own, and a timer per request would pile up for as long
+// as tokens live. Each is forgotten once it has ended.
+type expiries struct {
+	mu sync.Mutex                // guards m
+	m  map[int64]context.Context // by Unix second
+}
+
+// at returns a context that ends at t, truncated to the second.
+func (e *expiries) at(t time.Time) context.Context {
+	sec := t.Unix()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ctx, ok := e.m[sec]; ok {
+		return ctx
+	}
+	if e.m == nil {
+		e.m = map[int64]context.Context{}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(sec, 0))
+	e.m[sec] = ctx
+	context.AfterFunc(ctx, func() {
+		cancel()
+		e.mu.Lock()
+		delete(e.m, sec)
+		e.mu.Unlock()
+	})
+	return ctx
+}
