@@ -7,12 +7,15 @@
 // onEvent gets {id, type, topic, data} (data parsed; topic only over polls)
 // with strictly increasing ids; onGap gets the server's gap object before
 // any later event. sub.cursor is the last id seen; sub.close() stops all.
+// params (an object, or a function returning one or a promise of one) adds
+// query parameters to every connection and poll, asked for again before
+// each: params: async () => ({access_token: await freshToken()}).
 
 export function subscribe({sse, poll, transport, topics = [], cursor = null, storageKey,
-    types = ["message"], gapType = "gap", onEvent = () => {}, onGap = () => {}}) {
+    types = ["message"], gapType = "gap", params = {}, onEvent = () => {}, onGap = () => {}}) {
   const mode = transport || (sse && poll ? "auto" : sse ? "sse" : "poll");
   const auto = mode === "auto" && !!poll;
-  let es = null, ctl = null, timer, helloTimer, tries = 0, hello = false, resumed, closed = false;
+  let es = null, ctl = null, timer, helloTimer, tries = 0, hello = false, resumed, closed = false, polling = false;
 
   // The stored cursor, when there is one, wins over the cursor option: it is
   // what this tab saw last. sessionStorage may be missing or refuse access
@@ -59,8 +62,17 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
     clearTimeout(helloTimer);
     if (auto) helloTimer = setTimeout(fallback, 10000);
   };
-  const openSSE = () => {
-    es = new EventSource(url(sse, {lastEventId: cursor}));
+  const extra = async () => (typeof params === "function" ? await params() : params) || {};
+  const openSSE = async () => {
+    let p;
+    try {
+      p = await extra();
+    } catch (_) {
+      if (!closed) timer = setTimeout(openSSE, backoff(++tries));
+      return;
+    }
+    if (closed || es || polling) return;
+    es = new EventSource(url(sse, {...p, lastEventId: cursor}));
     arm();
     es.addEventListener("hello", (e) => {
       // The hello's cursor is ours (or past events of types not listened
@@ -93,6 +105,7 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
   };
   const fallback = () => {
     if (closed) return;
+    polling = true;
     clearTimeout(helloTimer);
     clearTimeout(timer);
     if (es) es.close();
@@ -109,7 +122,9 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
     const started = Date.now();
     try {
       ctl = new AbortController();
-      const r = await fetch(url(poll, {cursor, wait}), {signal: ctl.signal, cache: "no-store"});
+      const p = await extra();
+      if (closed) return;
+      const r = await fetch(url(poll, {...p, cursor, wait}), {signal: ctl.signal, cache: "no-store"});
       const retry = r.status === 503 && Number(r.headers.get("Retry-After"));
       if (retry) {
         delay = retry * 1000;

@@ -31,6 +31,8 @@ const q = new URLSearchParams(location.search);
 const keep = q.get("keep");
 const opts = JSON.parse(q.get("opts"));
 if (opts.noEventSource) delete window.EventSource; // the module ignores the extra option
+if (opts.paramsFrom) opts.params = async () =>
+  ({access_token: await (await fetch(opts.paramsFrom, {cache: "no-store"})).text()});
 window.rec = keep ? JSON.parse(sessionStorage.getItem(keep) || "[]") : [];
 const push = r => {
   window.rec.push(r);
@@ -204,6 +206,96 @@ func TestBrowserModule(t *testing.T) {
 	t.Run("PollReadError", func(t *testing.T) { clientTestPollReadError(t, browser) })
 	t.Run("AutoFallback", func(t *testing.T) { clientTestAutoFallback(t, browser) })
 	t.Run("Close", func(t *testing.T) { clientTestClose(t, browser) })
+	t.Run("SSEFreshToken", func(t *testing.T) { clientTestFreshParams(t, browser, "sse") })
+	t.Run("PollFreshToken", func(t *testing.T) { clientTestFreshParams(t, browser, "poll") })
+}
+
+// params asked for again before each connection: a token revoked
+// mid-stream (the stream ends, the EventSource's own reconnect with the
+// old token is refused 401) is replaced by a fresh one from the page's
+// params function, and the page resumes with nothing lost or repeated.
+func clientTestFreshParams(t *testing.T, browser context.Context, transport string) {
+	var (
+		mu     sync.Mutex // guards tokens, issued
+		tokens = map[string]context.CancelFunc{}
+		issued []string
+	)
+	valid := func(tok string) (context.Context, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		cancel, ok := tokens[tok]
+		if !ok {
+			return nil, false
+		}
+		ctx, c := context.WithCancel(context.Background())
+		tokens[tok] = func() { cancel(); c() }
+		return ctx, true
+	}
+	opts := browserOptions()
+	opts.Authorize = func(r *http.Request, _ []string) error {
+		if _, ok := valid(r.URL.Query().Get("access_token")); !ok {
+			return ErrUnauthenticated
+		}
+		return nil
+	}
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, opts)
+	revocable := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if ctx, ok := valid(r.URL.Query().Get("access_token")); ok {
+				r = r.WithContext(WithRevocation(r.Context(), ctx))
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	mux := clientMux(revocable(h.Handler()), revocable(h.PollHandler()))
+	mux.HandleFunc("/token", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		tok := fmt.Sprintf("t%d", len(issued))
+		issued = append(issued, tok)
+		tokens[tok] = func() {}
+		w.Header().Set("Cache-Control", "no-store")
+		fmt.Fprint(w, tok)
+	})
+	srv := browserListen(t, "127.0.0.1:0", mux)
+	revoke := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for tok, cancel := range tokens {
+			cancel()
+			delete(tokens, tok)
+		}
+	}
+	var want []Event
+	want = append(want, mustPublish(t, h, "room", 1))
+	tab := browserTab(t, browser)
+	clientNavigate(t, tab, srv.url(), map[string]any{
+		"sse": "/events", "poll": "/poll", "transport": transport, "topics": []string{"room"},
+		"cursor": 0, "storageKey": "k", "paramsFrom": "/token",
+	}, "")
+	clientWaitEvents(t, tab, "k", len(want))
+	for round := range 2 {
+		revoke()
+		if transport == "sse" {
+			// Revocation ends the stream asynchronously: an event
+			// published at once could still go out on it.
+			browserWaitNoClients(t, h)
+		}
+		for i := range 3 {
+			want = append(want, mustPublish(t, h, "room", map[string]int{"round": round, "i": i}))
+		}
+		clientWaitEvents(t, tab, "k", len(want))
+	}
+	want = append(want, mustPublish(t, h, "room", "fence"))
+	st := clientWaitEvents(t, tab, "k", len(want))
+	clientAssertEvents(t, st, want, transport)
+	mu.Lock()
+	n := len(issued)
+	mu.Unlock()
+	if n < 3 {
+		t.Fatalf("the page asked for %d tokens, want one per connection (at least 3)", n)
+	}
 }
 
 // Over SSE, from cursor 0: the replay, live events, and a reconnect after

@@ -336,10 +336,23 @@ func WithEventID(id string) PublishOption {
 type publishReq struct {
 	ev  Event
 	res chan publishRes // buffered: the writer never waits on the caller
+	// group, when set, holds this request and the others of one
+	// PublishBatch, handed to the writer in one send and committed
+	// together (a batch may then exceed maxBatch by less than a group).
+	group []*publishReq
+}
+
+// addTo appends r, or the requests of r's group, to batch.
+func (r *publishReq) addTo(batch []*publishReq) []*publishReq {
+	if r.group != nil {
+		return append(batch, r.group...)
+	}
+	return append(batch, r)
 }
 
 type publishRes struct {
 	ev  Event
+	dup bool // ev is the original stored under its event id
 	err error
 }
 
@@ -365,42 +378,120 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 	for _, o := range opts {
 		o(&po)
 	}
-	if err := validateTopic(topic); err != nil {
+	req, err := h.publishReq(topic, payload, po)
+	if err != nil {
 		return Event{}, err
 	}
-	if err := validateName("event type", po.eventType); err != nil {
+	start := time.Now()
+	if err := h.enqueue(ctx, req); err != nil {
 		return Event{}, err
+	}
+	r := h.await(ctx, req, start)
+	return r.ev, r.err
+}
+
+// PublishBatch publishes evs, each stored or refused on its own, and
+// returns one result per event, in order. Of each event only EventID
+// (empty: a fresh UUIDv7), Type (empty: Options.DefaultType), Topic and
+// Payload (valid JSON) are used. The valid events are handed to the writer
+// in one piece and committed in one transaction, with whatever other
+// publishes are waiting. A refused event (Err set) stores nothing and does
+// not affect the others; a Duplicate stored nothing and carries the
+// original event. The errors and their meaning are Publish's
+// (ErrOutcomeUnknown among them), per event.
+func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult {
+	out := make([]AppendResult, len(evs))
+	reqs := make([]*publishReq, len(evs))
+	var group []*publishReq
+	start := time.Now()
+	for i, ev := range evs {
+		po := publishOptions{eventType: h.opts.DefaultType, eventID: ev.EventID, eventIDSet: ev.EventID != ""}
+		if ev.Type != "" {
+			po.eventType = ev.Type
+		}
+		out[i].Event = ev
+		req, err := h.publishReq(ev.Topic, json.RawMessage(ev.Payload), po)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		reqs[i] = req
+		group = append(group, req)
+	}
+	if len(group) == 0 {
+		return out
+	}
+	// One send hands the writer every valid event: they are committed in
+	// one transaction, not spread over the writer's next batches.
+	group[0].group = group
+	if err := h.enqueue(ctx, group[0]); err != nil {
+		for i, req := range reqs {
+			if req != nil {
+				out[i].Err = err
+			}
+		}
+		return out
+	}
+	for i, req := range reqs {
+		if req == nil {
+			continue
+		}
+		r := h.await(ctx, req, start)
+		out[i] = AppendResult{Event: r.ev, Duplicate: r.dup, Err: r.err}
+		if r.err != nil {
+			out[i].Event = evs[i]
+		}
+	}
+	return out
+}
+
+// publishReq validates one publish and makes its request for the writer.
+func (h *EventHub) publishReq(topic string, payload any, po publishOptions) (*publishReq, error) {
+	if err := validateTopic(topic); err != nil {
+		return nil, err
+	}
+	if err := validateName("event type", po.eventType); err != nil {
+		return nil, err
 	}
 	if po.eventIDSet {
 		if err := validateName("event id", po.eventID); err != nil {
-			return Event{}, err
+			return nil, err
 		}
 	} else {
 		id, err := uuid.NewV7()
 		if err != nil {
-			return Event{}, fmt.Errorf("replayd: publish: %w", err)
+			return nil, fmt.Errorf("replayd: publish: %w", err)
 		}
 		po.eventID = id.String()
 	}
 	data, err := encodePayload(payload)
 	if err != nil {
-		return Event{}, err
+		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return Event{}, fmt.Errorf("replayd: publish: %w", err)
-	}
-	start := time.Now()
-	req := &publishReq{
+	return &publishReq{
 		ev:  Event{EventID: po.eventID, Type: po.eventType, Topic: topic, Payload: data},
 		res: make(chan publishRes, 1),
+	}, nil
+}
+
+// enqueue hands req to the writer goroutine. An error means nothing was
+// stored.
+func (h *EventHub) enqueue(ctx context.Context, req *publishReq) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("replayd: publish: %w", err)
 	}
 	select {
 	case h.pubs <- req:
+		return nil
 	case <-h.done:
-		return Event{}, ErrClosed
+		return ErrClosed
 	case <-ctx.Done():
-		return Event{}, fmt.Errorf("replayd: publish: %w", ctx.Err())
+		return fmt.Errorf("replayd: publish: %w", ctx.Err())
 	}
+}
+
+// await waits for the writer's answer to an enqueued req.
+func (h *EventHub) await(ctx context.Context, req *publishReq, start time.Time) publishRes {
 	// From here the writer has the event: an answer that is not its own
 	// cannot say whether the event was stored.
 	select {
@@ -408,16 +499,16 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 		if r.err == nil {
 			h.metrics.publishDuration(time.Since(start))
 		}
-		return r.ev, r.err
+		return r
 	case <-ctx.Done():
-		return Event{}, fmt.Errorf("replayd: publish: %w: %w", ErrOutcomeUnknown, ctx.Err())
+		return publishRes{err: fmt.Errorf("replayd: publish: %w: %w", ErrOutcomeUnknown, ctx.Err())}
 	case <-h.abandoned:
 		select {
 		case r := <-req.res: // answered after all
-			return r.ev, r.err
+			return r
 		default:
 		}
-		return Event{}, fmt.Errorf("replayd: publish: %w: the hub was closed while the event was being committed", ErrOutcomeUnknown)
+		return publishRes{err: fmt.Errorf("replayd: publish: %w: the hub was closed while the event was being committed", ErrOutcomeUnknown)}
 	}
 }
 
@@ -436,7 +527,7 @@ func (h *EventHub) writeLoop() {
 	for {
 		select {
 		case r := <-h.pubs:
-			batch = append(batch[:0], r)
+			batch = r.addTo(batch[:0])
 		case <-h.done:
 			return
 		}
@@ -449,7 +540,7 @@ func (h *EventHub) writeLoop() {
 		for len(batch) < maxBatch {
 			select {
 			case r := <-h.pubs:
-				batch = append(batch, r)
+				batch = r.addTo(batch)
 				continue
 			default:
 			}
@@ -462,7 +553,7 @@ func (h *EventHub) writeLoop() {
 			}
 			select {
 			case r := <-h.pubs:
-				batch = append(batch, r)
+				batch = r.addTo(batch)
 			case <-linger.C:
 				lingering = false
 				break gather
@@ -554,7 +645,7 @@ func (h *EventHub) commit(batch []*publishReq) {
 			r.res <- publishRes{err: fmt.Errorf("replayd: publish: %w", res[i].Err)}
 			continue
 		}
-		r.res <- publishRes{ev: res[i].Event}
+		r.res <- publishRes{ev: res[i].Event, dup: res[i].Duplicate}
 	}
 }
 

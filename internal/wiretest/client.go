@@ -227,11 +227,13 @@ func FrameIDs(fs []Frame) []string {
 func LastID(id int64) http.Header { return http.Header{"Last-Event-ID": {fmt.Sprint(id)}} }
 
 // Ended waits for the stream to end, failing the test if an event arrives
-// or nothing happens in time; what names the stream in the message.
+// or it has not ended within WaitFor (heartbeats do not count); what names
+// the stream in the message.
 func (c *Client) Ended(what string) {
 	c.t.Helper()
+	deadline := time.Now().Add(WaitFor) // heartbeats do not extend it
 	for {
-		f, err := c.NextErr(WaitFor)
+		f, err := c.NextErr(time.Until(deadline))
 		switch {
 		case errors.Is(err, ErrTimeout):
 			c.t.Fatalf("%s: the stream neither ended nor delivered", what)

@@ -1,0 +1,224 @@
+package server
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is what `replayd serve` runs with: its flags, each also read from
+// the environment as REPLAYD_<FLAG>.
+type Config struct {
+	Listen   string // address to listen on
+	DB       string // SQLite file
+	Postgres string // PostgreSQL DSN; set: DB is not used
+	PGPrefix string // PostgreSQL table prefix; empty: replaydpg's default
+
+	PublishKeys []PublishKey // who may publish where
+
+	TokenKeyFile     string // HS256 secret or PEM public key; empty: only public topics are readable
+	TokenIssuer      string // required iss, when set
+	TokenAudience    string // required aud, when set
+	TokenOptionalExp bool   // accept tokens without exp
+	PublicTopics     Patterns
+
+	AllowOrigins []string
+
+	RetentionMaxAge    time.Duration
+	RetentionMaxEvents int64
+
+	ReplayLimit    int
+	MaxConnections int
+	MaxTopics      int
+	Heartbeat      time.Duration
+	Retry          time.Duration
+	PollMaxWait    time.Duration
+	TailInterval   time.Duration
+	MaxBody        int64
+	Detach         bool
+	LogLevel       slog.Level
+}
+
+// UsageError is a bad flag or value: the command exits with status 2.
+type UsageError struct{ msg string }
+
+func (e *UsageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return &UsageError{fmt.Sprintf(format, a...)} }
+
+// ErrHelp is returned by ParseServe for -h and --help.
+var ErrHelp = flag.ErrHelp
+
+// ParseServe reads the serve command's flags from args and, for every flag
+// not given there, from getenv("REPLAYD_<FLAG>"). Every error is a
+// *UsageError naming the flag, or ErrHelp.
+func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
+	c := Config{
+		Listen:       "127.0.0.1:8080",
+		DB:           "replayd.db",
+		MaxBody:      16 << 20,
+		ReplayLimit:  100,
+		Heartbeat:    15 * time.Second,
+		PollMaxWait:  30 * time.Second,
+		MaxTopics:    32,
+		TailInterval: time.Second,
+	}
+	fs := flag.NewFlagSet("replayd serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var keys, origins multiFlag
+	var public, level string
+	var maxBody sizeFlag = sizeFlag(c.MaxBody)
+	fs.StringVar(&c.Listen, "listen", c.Listen, "`address` to listen on")
+	fs.StringVar(&c.DB, "db", c.DB, "SQLite database `file`")
+	fs.StringVar(&c.Postgres, "postgres", "", "PostgreSQL `DSN` (several nodes on one database); replaces --db")
+	fs.Var(&keys, "publish-key", "publish `KEY` or KEY=PATTERN[,PATTERN...] (repeatable); without = the key publishes anywhere")
+	fs.StringVar(&c.PGPrefix, "postgres-table-prefix", "", "with --postgres: the tables' name `prefix` (default replayd_)")
+	fs.StringVar(&c.TokenKeyFile, "token-key", "", "subscriber token key `file`: an HS256 secret, or a PEM public key (RS256, ES256, EdDSA)")
+	fs.StringVar(&c.TokenIssuer, "token-issuer", "", "required token `iss`")
+	fs.StringVar(&c.TokenAudience, "token-audience", "", "required token `aud`")
+	fs.BoolVar(&c.TokenOptionalExp, "token-optional-exp", false, "accept tokens without exp")
+	fs.StringVar(&public, "public-topics", "", "`PATTERN[,PATTERN...]` readable without a token")
+	fs.Var(&origins, "allow-origin", "allowed browser `origin` (repeatable; * for any)")
+	fs.DurationVar(&c.RetentionMaxAge, "retention-max-age", 0, "delete events older than this `duration` (0: keep)")
+	fs.Int64Var(&c.RetentionMaxEvents, "retention-max-events", 0, "keep at most this many newest `events` (0: keep all)")
+	fs.IntVar(&c.ReplayLimit, "replay-limit", c.ReplayLimit, "most `events` replayed on a reconnect before a gap")
+	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls (0: no cap)")
+	fs.IntVar(&c.MaxTopics, "max-topics", c.MaxTopics, "most topics in one request")
+	fs.DurationVar(&c.Heartbeat, "heartbeat", c.Heartbeat, "heartbeat `interval` (negative: none)")
+	fs.DurationVar(&c.Retry, "retry", 0, "reconnect `delay` told to EventSource clients (0: the browser's default)")
+	fs.DurationVar(&c.PollMaxWait, "poll-max-wait", c.PollMaxWait, "longest long poll")
+	fs.DurationVar(&c.TailInterval, "tail-interval", c.TailInterval, "with --postgres: fallback poll for other nodes' events")
+	fs.Var(&maxBody, "max-body", "largest POST /publish `body` (bytes, or with KiB, MiB, GiB)")
+	fs.BoolVar(&c.Detach, "detach", false, "serve HTTP/1.1 streams on the detached connection (less memory per stream)")
+	fs.StringVar(&level, "log-level", "info", "`level`: debug, info, warn or error")
+	fs.Usage = func() {} // errors are reported by the caller, in one line
+	printUsage := func() {
+		fmt.Fprintf(usage, "Usage: replayd serve [flags]\n\nEach flag is also read from REPLAYD_<FLAG> (a flag given here wins).\n\n")
+		fs.SetOutput(usage)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage()
+			return c, ErrHelp
+		}
+		return c, usagef("%v", strings.Replace(err.Error(), " -", " --", 1))
+	}
+	if fs.NArg() > 0 {
+		return c, usagef("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var envErr error
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	sort.Strings(names)
+	for _, name := range names {
+		if given[name] || envErr != nil {
+			continue
+		}
+		env := "REPLAYD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		v := getenv(env)
+		if v == "" {
+			continue
+		}
+		values := []string{v}
+		if name == "publish-key" || name == "allow-origin" {
+			values = strings.Fields(v)
+		}
+		for _, v := range values {
+			if err := fs.Set(name, v); err != nil {
+				envErr = usagef("invalid value for --%s in %s: %v", name, env, err)
+				break
+			}
+		}
+		given[name] = true
+	}
+	if envErr != nil {
+		return c, envErr
+	}
+	c.MaxBody = int64(maxBody)
+	if c.MaxBody <= 0 {
+		return c, usagef("--max-body must be positive")
+	}
+	for _, k := range keys {
+		pk, err := parsePublishKey(k)
+		if err != nil {
+			return c, usagef("--publish-key: %v", err)
+		}
+		c.PublishKeys = append(c.PublishKeys, pk)
+	}
+	c.AllowOrigins = origins
+	if public != "" {
+		p, err := ParsePatterns(public)
+		if err != nil {
+			return c, usagef("--public-topics: %v", err)
+		}
+		c.PublicTopics = p
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(level)); err != nil {
+		return c, usagef("--log-level: %q is not debug, info, warn or error", level)
+	}
+	switch {
+	case given["db"] && given["postgres"]:
+		return c, usagef("--db and --postgres exclude each other")
+	case c.Postgres == "" && c.DB == "":
+		return c, usagef("--db: empty")
+	case c.RetentionMaxAge < 0:
+		return c, usagef("--retention-max-age must not be negative")
+	case c.RetentionMaxEvents < 0:
+		return c, usagef("--retention-max-events must not be negative")
+	case c.Retry < 0:
+		return c, usagef("--retry must not be negative")
+	case c.MaxConnections < 0:
+		return c, usagef("--max-connections must not be negative")
+	case c.MaxTopics < 1:
+		return c, usagef("--max-topics must be at least 1")
+	case c.TailInterval <= 0:
+		return c, usagef("--tail-interval must be positive")
+	case c.TokenKeyFile == "" && (c.TokenIssuer != "" || c.TokenAudience != ""):
+		return c, usagef("--token-issuer and --token-audience need --token-key")
+	}
+	return c, nil
+}
+
+// multiFlag is a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string { return strings.Join(*m, " ") }
+
+func (m *multiFlag) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errors.New("empty")
+	}
+	*m = append(*m, v)
+	return nil
+}
+
+// sizeFlag is a byte count, with an optional KiB, MiB or GiB suffix.
+type sizeFlag int64
+
+func (s *sizeFlag) String() string { return strconv.FormatInt(int64(*s), 10) }
+
+func (s *sizeFlag) Set(v string) error {
+	mult := int64(1)
+	for suffix, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if strings.HasSuffix(v, suffix) {
+			v, mult = strings.TrimSuffix(v, suffix), m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return errors.New("not a positive size (bytes, or with KiB, MiB, GiB)")
+	}
+	*s = sizeFlag(n * mult)
+	return nil
+}
