@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 // the same file at the same address (restart), and every request can go
 // through a wrapper (wrap) that the test swaps at any time.
 type server struct {
-	t    *testing.T
+	t    testing.TB
 	path string
 	opts replayd.Options
 	hub  atomic.Pointer[replayd.EventHub]
@@ -43,7 +43,7 @@ type server struct {
 	closes []func()
 }
 
-func newServer(t *testing.T, opts replayd.Options) *server {
+func newServer(t testing.TB, opts replayd.Options) *server {
 	t.Helper()
 	s := &server{t: t, path: filepath.Join(t.TempDir(), "events.db"), opts: opts}
 	s.open()
