@@ -119,6 +119,8 @@ type Input struct {
 	// Subscribers must each have seen, in order, every event above their
 	// start through Head that is still in the log.
 	Subscribers []*Subscriber
+	// ClientRuns are the Runs of Go clients (package client).
+	ClientRuns []*ClientRun
 
 	Seed     uint64    // printed in every trace
 	Timeline *Timeline // its moments around a violation go in the trace; may be nil
@@ -149,6 +151,10 @@ type Report struct {
 	Sessions, Answers, PollEvents int
 	PollModes, PollGaps           map[string]int
 	PollResumes, PollExactResumes int
+
+	// Runs of Go clients, the events they handed, their gaps by reason.
+	ClientRuns, ClientEvents int
+	ClientGaps               map[string]int
 }
 
 // Log logs what r checked.
@@ -158,13 +164,14 @@ func (r *Report) Log(t testing.TB) {
 		r.Published, r.Adopted, r.Retained, r.Conns, r.Frames, r.Events, r.Replayed, r.Detached, r.Modes, r.Gaps, r.Ends, r.Resumes, r.ExactResumes)
 	t.Logf("checked %d poll sessions (%v), %d answers with %d events; gaps %v; %d sessions resumed on another hub, %d of them exactly",
 		r.Sessions, r.PollModes, r.Answers, r.PollEvents, r.PollGaps, r.PollResumes, r.PollExactResumes)
+	t.Logf("checked %d runs of Go clients, %d events handed; gaps %v", r.ClientRuns, r.ClientEvents, r.ClientGaps)
 }
 
 // Check checks the log against the ledger, every connection and poll
 // answer against SPEC §1, §4 and §11, and the subscribers; it returns the
 // violations, each with a trace, and what it checked.
 func Check(in Input) *Report {
-	r := &Report{Modes: map[string]int{}, Gaps: map[string]int{}, Ends: map[string]int{}, PollModes: map[string]int{}, PollGaps: map[string]int{}}
+	r := &Report{Modes: map[string]int{}, Gaps: map[string]int{}, Ends: map[string]int{}, PollModes: map[string]int{}, PollGaps: map[string]int{}, ClientGaps: map[string]int{}}
 	v := newView(in, r)
 	fence := in.Head
 
@@ -240,6 +247,7 @@ func Check(in Input) *Report {
 		}
 	}
 	v.checkPolls(in.Polls)
+	v.checkClientRuns(in.ClientRuns)
 	r.Violations = append(v.errs, r.Violations...)
 	return r
 }
