@@ -195,7 +195,7 @@ type Gap struct {
 // from its cursor.
 type StatusError struct {
 	StatusCode int
-	URL        string
+	URL        string // the request's, without its query
 	Body       string // the start of the answer's body
 }
 
@@ -343,7 +343,9 @@ func (c *Client) newRequest(ctx context.Context, base string, params url.Values)
 // Retry-After, if any.
 func refused(resp *http.Response) attempt {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	err := &StatusError{StatusCode: resp.StatusCode, URL: resp.Request.URL.Redacted(), Body: strings.TrimSpace(string(body))}
+	u := *resp.Request.URL // without its query or credentials, which may hold a token
+	u.RawQuery, u.User = "", nil
+	err := &StatusError{StatusCode: resp.StatusCode, URL: u.String(), Body: strings.TrimSpace(string(body))}
 	code := resp.StatusCode
 	if code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
 		return attempt{err: errStop{err}}
