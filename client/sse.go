@@ -142,7 +142,10 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 			if helloTimer != nil {
 				helloTimer.Stop()
 			}
-			if cur := c.cursor.Load(); cur < 0 || resumed > cur {
+			// A fresh client starts at the hello's cursor, the head. A
+			// resuming one keeps its own: the hello repeats it, or is below
+			// it when the log does not know it (a gap follows).
+			if c.cursor.Load() < 0 {
 				c.cursor.Store(resumed)
 			}
 		case !f.HasID:
