@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/replayd/replayd/client"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Go clients (package client): next to the raw SSE and poll clients, a few
@@ -59,9 +61,13 @@ func (e *env) goClient(idx int, rng *rand.Rand) (runs []*ClientRun, reached bool
 	}
 	transport := []client.Transport{client.SSE, client.Poll, client.Auto}[idx%3]
 	cursor := int64(0)
+	logs := &wiretest.LogRecorder{}
 	for {
 		select {
 		case <-e.finishDeadline:
+			lines := strings.Split(logs.String(), "\n")
+			e.t.Errorf("go client %d (%s) on hub %s, topics %q, at cursor %d: the fence not reached; its last reconnects:\n%s",
+				idx, transport, hub, scope, cursor, strings.Join(lines[max(0, len(lines)-12):], "\n"))
 			return runs, false
 		default:
 		}
@@ -82,7 +88,7 @@ func (e *env) goClient(idx int, rng *rand.Rand) (runs []*ClientRun, reached bool
 		}()
 		c := client.New(client.Options{
 			SSE: e.url(hub, "/events", nil), Poll: e.url(hub, "/poll", nil), Transport: transport, Topics: scope,
-			Cursor: cursor, HTTPClient: e.httpc,
+			Cursor: cursor, HTTPClient: e.httpc, Logger: slog.New(logs),
 			MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, PollWait: time.Second,
 		})
 		err := c.Run(ctx, func(m client.Message) error {
