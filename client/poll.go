@@ -54,6 +54,7 @@ func (c *Client) poll(ctx context.Context, handle func(Message) error, now bool)
 		return attempt{err: err}
 	}
 	start := time.Now()
+	c.log.Debug("replayd client: poll", "cursor", cursor, "wait", wait)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return attempt{err: err}

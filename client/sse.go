@@ -139,6 +139,7 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 				return a
 			}
 			hello, a.session, resumed = true, true, *d.Cursor
+			c.log.Debug("replayd client: stream open", "cursor", resumed, "hello", string(f.Data))
 			if helloTimer != nil {
 				helloTimer.Stop()
 			}
