@@ -14,7 +14,7 @@
 //		case m.Gap != nil:
 //			return reloadSnapshot() // the state is incomplete
 //		case m.Event != nil:
-//			return apply(m.Event) // then save c.Cursor(), or m.Event.ID
+//			return apply(m.Event) // and store m.Event.ID with the state it changed
 //		}
 //		return nil
 //	})
@@ -55,7 +55,8 @@
 // slow handler is back-pressure, not a growing buffer: the server may end a
 // stream that falls too far behind, and the client then resumes, with a
 // gap if the server no longer replays what it missed. Memory is bounded:
-// one frame (at most 4 MiB) or one poll answer at a time.
+// one frame (at most 4 MiB; a 1 MiB event is fine) or one poll answer (the
+// server bounds its size) at a time.
 //
 // # Endings and errors
 //
