@@ -343,14 +343,20 @@ func (c *Client) newRequest(ctx context.Context, base string, params url.Values)
 // Retry-After, if any.
 func refused(resp *http.Response) attempt {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	u := *resp.Request.URL // without its query or credentials, which may hold a token
-	u.RawQuery, u.User = "", nil
-	err := &StatusError{StatusCode: resp.StatusCode, URL: u.String(), Body: strings.TrimSpace(string(body))}
+	err := &StatusError{StatusCode: resp.StatusCode, URL: bareURL(resp.Request.URL), Body: strings.TrimSpace(string(body))}
 	code := resp.StatusCode
 	if code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
 		return attempt{err: errStop{err}}
 	}
 	return attempt{wait: retryAfter(resp.Header.Get("Retry-After")), err: err}
+}
+
+// bareURL is u without its query or credentials, which may hold a token:
+// for errors and logs.
+func bareURL(u *url.URL) string {
+	v := *u
+	v.RawQuery, v.User = "", nil
+	return v.String()
 }
 
 // retryAfter parses a Retry-After header: delay seconds or an HTTP date.

@@ -72,7 +72,7 @@ func (c *Client) poll(ctx context.Context, handle func(Message) error, now bool)
 	}
 	var ans pollAnswer
 	if err := json.Unmarshal(body, &ans); err != nil || ans.Cursor == nil {
-		return attempt{err: fmt.Errorf("replayd client: GET %s: not a poll answer: %.100q", req.URL.Redacted(), body)}
+		return attempt{err: fmt.Errorf("replayd client: GET %s: not a poll answer: %.100q", bareURL(req.URL), body)}
 	}
 	if ans.Gap != nil {
 		// A gap with no events moves the cursor to the answer's: the head

@@ -83,7 +83,7 @@ func (c *Client) stream(ctx context.Context, handle func(Message) error, auto bo
 		return refused(resp)
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
-		return attempt{err: fmt.Errorf("replayd client: GET %s: Content-Type %q, not a stream", req.URL.Redacted(), resp.Header.Get("Content-Type"))}
+		return attempt{err: fmt.Errorf("replayd client: GET %s: Content-Type %q, not a stream", bareURL(req.URL), resp.Header.Get("Content-Type"))}
 	}
 	body.r = resp.Body
 	return c.read(body, handle, helloTimer)
