@@ -36,9 +36,11 @@
 // two pruners, restarts of hub B, server-side kills of hub A's connections,
 // 28 SSE clients (fresh, resumed, stale, future and invalid cursors, by
 // header or query; dropping, or stalling until MaxBufferedBytes cuts them
-// off) and 8 poll clients run at once, some of their requests' access
-// revoked (replayd.WithRevocation) before they are sent or while they are
-// set up and served. A fence event ends it: every client
+// off), 8 poll clients and 3 Go clients (package client: SSE, long polls
+// and auto, each Run stopped now and then and continued from its Cursor)
+// run at once, some of the SSE and poll requests' access revoked
+// (replayd.WithRevocation) before they are sent or while they are set up
+// and served. A fence event ends it: every client
 // must reach it. Then the oracle checks every frame of every connection and
 // every poll answer against a ledger of what Publish returned, cross-checked
 // with the log: handshake shape, a head no older than what was committed
@@ -353,6 +355,15 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 		}()
 	}
 	e.startPollClients(seed, &cwg)
+	goRuns := make([][]*ClientRun, numGoClients)
+	goReached := make([]bool, numGoClients)
+	for c := range numGoClients {
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			goRuns[c], goReached[c] = e.goClient(c, rand.New(rand.NewPCG(seed, uint64(3000+c))))
+		}()
+	}
 
 	phase := time.NewTimer(duration)
 	<-phase.C
@@ -375,7 +386,12 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 	// reach the fence.
 	results = append(results, clientResult{conns: storms, reachedFence: true})
 
-	e.check(results, subA, lastSubB, phaseEnd)
+	for c, reached := range goReached {
+		if !reached {
+			t.Errorf("go client %d never reached the fence %d", c, fence.Sequence)
+		}
+	}
+	e.check(results, slices.Concat(goRuns...), subA, lastSubB, phaseEnd)
 }
 
 // newHubB opens another hub on the log, tailing. Its subscriber records its
@@ -513,7 +529,7 @@ func (e *env) deniedScope(topics []string) bool {
 
 // check reads the log at the end and hands it, the ledger and every
 // record to Check; it reports the violations and what was checked.
-func (e *env) check(results []clientResult, subA, subB *Subscriber, elapsed time.Duration) {
+func (e *env) check(results []clientResult, goRuns []*ClientRun, subA, subB *Subscriber, elapsed time.Duration) {
 	t := e.t
 	fence := e.fence.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -537,7 +553,7 @@ func (e *env) check(results []clientResult, subA, subB *Subscriber, elapsed time
 		t.Errorf("head %d, fence %d", head, fence)
 	}
 	in := Input{Ledger: e.ledger, Log: rows, Mark: mark, Head: head,
-		Subscribers: []*Subscriber{subA, subB}, Seed: e.seed, Timeline: e.timeline}
+		Subscribers: []*Subscriber{subA, subB}, ClientRuns: goRuns, Seed: e.seed, Timeline: e.timeline}
 	for ci, r := range results {
 		if !r.reachedFence {
 			msg := fmt.Sprintf("client %d never reached the fence %d", ci, fence)

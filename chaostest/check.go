@@ -127,6 +127,8 @@ type Input struct {
 	// Subscribers must each have seen, in order, every event above their
 	// start through Head that is still in the log.
 	Subscribers []*Subscriber
+	// ClientRuns are the Runs of Go clients (package client).
+	ClientRuns []*ClientRun
 
 	Seed     uint64    // printed in every trace
 	Timeline *Timeline // its moments around a violation go in the trace; may be nil
@@ -159,6 +161,10 @@ type Report struct {
 	PollModes, PollGaps           map[string]int
 	PollResumes, PollExactResumes int
 	PollByteCuts                  int
+
+	// Runs of Go clients, the events they handed, their gaps by reason.
+	ClientRuns, ClientEvents int
+	ClientGaps               map[string]int
 }
 
 // Log logs what r checked.
@@ -168,13 +174,14 @@ func (r *Report) Log(t testing.TB) {
 		r.Published, r.Adopted, r.Retained, r.Conns, r.Frames, r.Events, r.Replayed, r.Detached, r.Modes, r.Gaps, r.Ends, r.Resumes, r.ExactResumes)
 	t.Logf("checked %d poll sessions (%v), %d answers with %d events (%d cut at 4 MiB of payload); gaps %v; %d sessions resumed on another hub, %d of them exactly",
 		r.Sessions, r.PollModes, r.Answers, r.PollEvents, r.PollByteCuts, r.PollGaps, r.PollResumes, r.PollExactResumes)
+	t.Logf("checked %d runs of Go clients, %d events handed; gaps %v", r.ClientRuns, r.ClientEvents, r.ClientGaps)
 }
 
 // Check checks the log against the ledger, every connection and poll
 // answer against the guarantee and PROTOCOL.md (streams and polls), and the subscribers; it returns the
 // violations, each with a trace, and what it checked.
 func Check(in Input) *Report {
-	r := &Report{Modes: map[string]int{}, Gaps: map[string]int{}, Ends: map[string]int{}, PollModes: map[string]int{}, PollGaps: map[string]int{}}
+	r := &Report{Modes: map[string]int{}, Gaps: map[string]int{}, Ends: map[string]int{}, PollModes: map[string]int{}, PollGaps: map[string]int{}, ClientGaps: map[string]int{}}
 	v := newView(in, r)
 	fence := in.Head
 
@@ -250,6 +257,7 @@ func Check(in Input) *Report {
 		}
 	}
 	v.checkPolls(in.Polls)
+	v.checkClientRuns(in.ClientRuns)
 	r.Violations = append(v.errs, r.Violations...)
 	return r
 }

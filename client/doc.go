@@ -1,0 +1,81 @@
+// Package client reads a replayd stream from Go, keeping replayd's promise
+// on the client's side too: every event of the scope after the cursor is
+// handed to the application once, in order, or named by a gap handed in
+// its place; never a silent hole.
+//
+//	c := client.New(client.Options{
+//		SSE:    "https://example.com/events",
+//		Poll:   "https://example.com/poll",
+//		Topics: []string{"room-42"},
+//		Cursor: saved, // the last id the application has; 0: from the beginning
+//	})
+//	err := c.Run(ctx, func(m client.Message) error {
+//		switch {
+//		case m.Gap != nil:
+//			return reloadSnapshot() // the state is incomplete
+//		case m.Event != nil:
+//			return apply(m.Event) // and store m.Event.ID with the state it changed
+//		}
+//		return nil
+//	})
+//
+// # Transports
+//
+// A Client reads the SSE endpoint (EventHub.Handler), the poll endpoint
+// (EventHub.PollHandler) in long polls, or, with Auto (the default when
+// both URLs are given), SSE falling back to long polls for the rest of the
+// Run when three connection attempts in a row end without a hello, or
+// none arrives within 10 s: a proxy that buffers or refuses streams. Both
+// transports share one cursor; switching loses and repeats nothing.
+//
+// # The cursor
+//
+// Options.Cursor is the id of the last event the application has. Its zero
+// value, 0, is the beginning of the log: a new consumer gets everything
+// retained (or a gap naming what was pruned), which is the safe default.
+// FromHead starts fresh at the head instead. Cursor reports, at any
+// moment and from any goroutine, the id of the last event the handler
+// accepted (or the head, for a client that started FromHead, or after an
+// unknown_cursor gap): persist it and pass it back as Options.Cursor to
+// continue after a restart. Events at or below the cursor are never
+// handed again, whatever the server sends.
+//
+// # Messages
+//
+// Run calls the handler on its own goroutine, one Message at a time: an
+// Event, or a Gap. hello and heartbeat frames are not passed on. A gap
+// says the application's state is incomplete (events were pruned, were
+// beyond the server's replay limit, or the log did not know the cursor):
+// reload a snapshot, then keep applying the events that follow. After an
+// unknown_cursor or invalid_cursor gap the cursor moves back to the head
+// of the log being read (a log restored or replaced), and its events
+// follow.
+//
+// The handler holds the stream: nothing more is read until it returns. A
+// slow handler is back-pressure, not a growing buffer: the server may end a
+// stream that falls too far behind, and the client then resumes, with a
+// gap if the server no longer replays what it missed. Memory is bounded:
+// one frame (at most 4 MiB; a 1 MiB event is fine) or one poll answer (the
+// server bounds its size) at a time.
+//
+// # Endings and errors
+//
+// Run reconnects by itself after every end of a connection: a network
+// error, a clean close by the server (a slow-consumer cut, a server
+// shutting down or restarting), the overload answer (a stream with only a
+// retry field), a 503 or other 5xx, 408 and 429, or an SSE connection
+// silent for Options.IdleTimeout. It waits a delay drawn between 0 and an
+// exponentially growing ceiling (full jitter: MinBackoff, doubling after
+// each attempt that got no hello or poll answer, up to MaxBackoff), never
+// less than the server's retry field or Retry-After.
+//
+// Run returns only when its context ends (with ctx.Err(), promptly and
+// with no goroutine left behind), when the handler returns an error (that
+// error; the cursor stays before the refused message, so the next Run
+// hands it again), when the Header hook returns an error, or on an answer
+// no retry can fix: a *StatusError for 400, 401, 403, 404 and the other
+// 4xx. Authentication failures are not retried: a 401 or 403 returns, and
+// the application refreshes its credentials (the Header hook is called on
+// every request, so a token function can) and calls Run again, which goes
+// on from the cursor.
+package client

@@ -1,0 +1,142 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/client"
+)
+
+// exampleServer serves a hub on a temporary SQLite file at /events and
+// /poll, with three events of room-42 and one of elsewhere published.
+func exampleServer() (hub *replayd.EventHub, url string, cleanup func()) {
+	dir, err := os.MkdirTemp("", "replayd-client-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := replayd.OpenDB(filepath.Join(dir, "events.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	hub, err = replayd.New(db, replayd.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for i, topic := range []string{"room-42", "elsewhere", "room-42", "room-42"} {
+		if _, err := hub.Publish(ctx, topic, map[string]int{"n": i}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/events", hub.Handler())
+	mux.Handle("/poll", hub.PollHandler())
+	srv := httptest.NewServer(mux)
+	return hub, srv.URL, func() {
+		srv.Close()
+		hub.Close()
+		db.Close()
+		os.RemoveAll(dir)
+	}
+}
+
+// Read a topic from the beginning of the log, over SSE falling back to
+// long polls, until the handler has what it wants.
+func Example() {
+	_, url, cleanup := exampleServer()
+	defer cleanup()
+
+	c := client.New(client.Options{
+		SSE:    url + "/events",
+		Poll:   url + "/poll",
+		Topics: []string{"room-42"},
+		// Cursor: 0, the zero value: from the beginning of the log.
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errEnough := errors.New("enough")
+	err := c.Run(ctx, func(m client.Message) error {
+		switch {
+		case m.Gap != nil:
+			fmt.Println("gap:", m.Gap.Reason) // reload a snapshot here
+		case m.Event != nil:
+			fmt.Printf("event %d %s %s\n", m.Event.ID, m.Event.Type, m.Event.Data)
+			if m.Event.ID == 4 {
+				return errEnough
+			}
+		}
+		return nil
+	})
+	fmt.Println(err, "; cursor", c.Cursor())
+	// Output:
+	// event 1 message {"n":0}
+	// event 3 message {"n":2}
+	// event 4 message {"n":3}
+	// enough ; cursor 3
+}
+
+// Persist the cursor and continue after a restart: a second client,
+// started from the first one's cursor, gets only what followed it, over
+// polls this time (the two transports share the cursor).
+func ExampleClient_Cursor() {
+	hub, url, cleanup := exampleServer()
+	defer cleanup()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	stop := errors.New("stop")
+	first := client.New(client.Options{SSE: url + "/events", Topics: []string{"room-42"}})
+	first.Run(ctx, func(m client.Message) error {
+		if m.Event != nil && m.Event.ID == 3 {
+			return stop // a crash after event 1 was handled, before 3
+		}
+		return nil
+	})
+	saved := first.Cursor() // an application writes it down with its state
+	fmt.Println("saved cursor:", saved)
+
+	hub.Publish(ctx, "room-42", map[string]int{"n": 4})
+	second := client.New(client.Options{Poll: url + "/poll", Topics: []string{"room-42"}, Cursor: saved})
+	second.Run(ctx, func(m client.Message) error {
+		fmt.Printf("event %d %s topic %s\n", m.Event.ID, m.Event.Data, m.Event.Topic)
+		if m.Event.ID == 5 {
+			return stop
+		}
+		return nil
+	})
+	// Output:
+	// saved cursor: 1
+	// event 3 {"n":2} topic room-42
+	// event 4 {"n":3} topic room-42
+	// event 5 {"n":4} topic room-42
+}
+
+// A token refreshed on every connection; a refusal (401, 403) ends Run
+// with a *StatusError, since retrying the same credentials cannot help.
+func ExampleOptions_header() {
+	_, url, cleanup := exampleServer()
+	defer cleanup()
+
+	c := client.New(client.Options{
+		SSE: url + "/nowhere", // this server answers 404 here
+		Header: func(ctx context.Context, h http.Header) error {
+			h.Set("Authorization", "Bearer "+"fresh-token") // e.g. from a token source
+			return nil
+		},
+	})
+	err := c.Run(context.Background(), func(client.Message) error { return nil })
+	var se *client.StatusError
+	if errors.As(err, &se) {
+		fmt.Println("refused:", se.StatusCode)
+	}
+	// Output:
+	// refused: 404
+}

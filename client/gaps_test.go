@@ -1,0 +1,140 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/client"
+	"github.com/replayd/replayd/internal/wiretest"
+)
+
+// Gaps reach the handler as values, before the events that follow them,
+// with every key; the ones below the cursor move it to the head.
+func TestGaps(t *testing.T) {
+	t.Run("replay_limit", func(t *testing.T) {
+		s := newServer(t, replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 3}})
+		evs := s.publish(10, "a")
+		r := newRecorder()
+		run(t, client.New(s.options(client.SSE, "a")), r)
+		r.waitFor(t, evs[9].Sequence)
+		g := r.msgs[0].Gap
+		if g == nil || g.Reason != "replay_limit" || *g.MissedFrom != evs[0].Sequence || *g.MissedThrough != evs[6].Sequence ||
+			*g.Missed != 7 || *g.ResumedFrom != 0 || g.ReplayLimit != 3 || len(r.msgs) != 4 {
+			t.Fatalf("got %s, want a replay_limit gap over the first 7, then 3 events", r)
+		}
+		r.check(t, evs, 0)
+	})
+	for _, tr := range transports {
+		t.Run("pruned/"+string(tr), func(t *testing.T) {
+			s := newServer(t, replayd.Options{})
+			evs := s.publish(10, "a")
+			if _, err := s.hub.Load().Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 4}); err != nil {
+				t.Fatal(err)
+			}
+			r := newRecorder()
+			run(t, client.New(s.options(tr, "a")), r)
+			r.waitFor(t, evs[9].Sequence)
+			if g := r.msgs[0].Gap; g == nil || g.Reason != "pruned" || g.Missed != nil || len(r.msgs) != 5 {
+				t.Fatalf("got %s, want a pruned gap then 4 events", r)
+			}
+			r.check(t, evs, 0)
+		})
+		t.Run("unknown_cursor/"+string(tr), func(t *testing.T) {
+			s := newServer(t, replayd.Options{})
+			old := s.publish(3, "a")
+			opts := s.options(tr, "a")
+			opts.Cursor = 1000 // from another log, or one restored from a backup
+			c := client.New(opts)
+			r := newRecorder()
+			run(t, c, r)
+			wiretest.WaitUntil(t, "the gap", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.msgs) > 0 })
+			if g := r.msgs[0].Gap; g == nil || g.Reason != "unknown_cursor" || *g.ResumedFrom != 1000 || g.MissedFrom != nil {
+				t.Fatalf("got %s, want an unknown_cursor gap", r)
+			}
+			wiretest.WaitUntil(t, "the cursor at the head", func() bool { return c.Cursor() == old[2].Sequence })
+			fresh := s.publish(2, "a") // ids below the old cursor: this log's
+			r.waitFor(t, fresh[1].Sequence)
+			r.check(t, fresh, old[2].Sequence)
+			if len(r.msgs) != 3 {
+				t.Fatalf("got %s", r)
+			}
+		})
+	}
+	t.Run("invalid_cursor", func(t *testing.T) {
+		s := newServer(t, replayd.Options{})
+		old := s.publish(3, "a")
+		var once sync.Once
+		s.setWrap(func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				once.Do(func() { r.Header.Set("Last-Event-ID", "abc") }) // mangled on the way
+				next.ServeHTTP(w, r)
+			})
+		})
+		opts := s.options(client.SSE, "a")
+		opts.Cursor = 1000
+		c := client.New(opts)
+		r := newRecorder()
+		run(t, c, r)
+		wiretest.WaitUntil(t, "the cursor at the head", func() bool { return c.Cursor() == old[2].Sequence })
+		fresh := s.publish(1, "a")
+		r.waitFor(t, fresh[0].Sequence)
+		if g := r.msgs[0].Gap; g == nil || g.Reason != "invalid_cursor" || g.ResumedFrom != nil || len(r.msgs) != 2 {
+			t.Fatalf("got %s, want an invalid_cursor gap, then the new event", r)
+		}
+	})
+}
+
+// A server that sends again what the client has (a buggy proxy cache, a
+// replica behind): ids at or below the cursor are dropped; SSE frames in
+// any line ending, multi-line data joined.
+func TestDropsRepeats(t *testing.T) {
+	var mu sync.Mutex
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		n := calls
+		mu.Unlock()
+		if r.URL.Path == "/poll" {
+			w.Header().Set("Content-Type", "application/json")
+			if n == 1 {
+				fmt.Fprint(w, `{"topics":[],"cursor":3,"head":3,"more":false,"gap":null,"events":[`+
+					`{"id":1,"type":"message","topic":null,"data":1},{"id":3,"type":"message","topic":"x","data":3}]}`)
+				return
+			}
+			fmt.Fprint(w, `{"topics":[],"cursor":5,"head":5,"more":false,"gap":null,"events":[`+
+				`{"id":2,"type":"message","topic":null,"data":2},{"id":3,"type":"message","topic":null,"data":3},{"id":5,"type":"t","topic":null,"data":5}]}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		if n == 1 {
+			fmt.Fprint(w, "id: 0\r\nevent: hello\r\ndata: {\"cursor\":0,\"head\":3}\r\n\r\nid: 1\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n: hi\n\nid: 3\nevent: heartbeat\ndata: 3\n\nevent: heartbeat\ndata: {}\n\n")
+			return
+		}
+		fmt.Fprint(w, "id: 3\nevent: hello\ndata: {\"cursor\":3,\"head\":5}\n\nid: 2\ndata: 2\n\nid: 3\ndata: 3\n\nid: 5\nevent: t\ndata: 5\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	for _, tr := range []client.Transport{client.SSE, client.Poll} {
+		t.Run(string(tr), func(t *testing.T) {
+			mu.Lock()
+			calls = 0
+			mu.Unlock()
+			r := newRecorder()
+			c := client.New(client.Options{SSE: srv.URL + "/events", Poll: srv.URL + "/poll", Transport: tr, MinBackoff: 1, MaxBackoff: 1})
+			run(t, c, r)
+			r.waitFor(t, 5)
+			want := "3 messages: 1 3 5"
+			if got := r.String(); got != want {
+				t.Fatalf("got %q, want %q", got, want)
+			}
+			if tr == client.SSE && (string(r.msgs[0].Event.Data) != "{\"a\":\n1}" || r.msgs[1].Event.Type != "heartbeat" || r.msgs[2].Event.Type != "t") {
+				t.Fatalf("events %+v %+v %+v", r.msgs[0].Event, r.msgs[1].Event, r.msgs[2].Event)
+			}
+		})
+	}
+}
