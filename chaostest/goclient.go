@@ -117,7 +117,7 @@ func (e *env) goClient(idx int, rng *rand.Rand) (runs []*ClientRun, reached bool
 	}
 }
 
-// checkClientRuns checks every Run of the Go clients against SPEC §16: ids
+// checkClientRuns checks every Run of the Go clients against the client's promise: ids
 // strictly increasing from the cursor it started at; every event a
 // published one of the scope, with its type and data (and topic, over
 // polls); every visible event between two it handed (or between its start

@@ -17,7 +17,7 @@ import (
 // The Go client (package client) hops between two nodes on one PostgreSQL
 // log, behind a balancer that sends each request to the other node and
 // ends every stream and poll after 40 ms, while both nodes publish: over
-// SSE, polls and auto, every event arrives once, in order (SPEC §14, §16).
+// SSE, polls and auto, every event arrives once, in order (several nodes, docs/clients.md).
 func TestClientHopsNodes(t *testing.T) {
 	prefix := testPrefix(t)
 	var nodes [2]*httptest.Server
