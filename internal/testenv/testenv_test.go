@@ -3,8 +3,6 @@ package testenv
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -14,7 +12,7 @@ import (
 // CI, and returns its output and whether it passed.
 func goTest(t *testing.T, env []string, args ...string) (string, bool) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(append([]string{"test", "-count=1"}, args...), "./testdata/needs")...)
+	cmd := exec.Command("go", append(append([]string{"test", "-count=1"}, args...), "./testdata/needs")...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "CI=") && !strings.HasPrefix(kv, "REPLAYD_TESTENV_FIXTURE=") {
 			cmd.Env = append(cmd.Env, kv)
