@@ -2,8 +2,9 @@
 // through a helper process: ./driver, a module of its own that holds
 // chromedp. Keeping chromedp out of the root module keeps it out of a
 // user's go.sum (`go mod tidy` loads the tests of the packages a module
-// imports). The driver is built with the go command on first use, from
-// this tree (the workspace in go.work, or the driver's own go.mod).
+// imports). Start builds the driver with the go command, from this tree
+// (the workspace in go.work, or the driver's own go.mod), into a temporary
+// directory it removes when the browser stops.
 //
 // The API follows chromedp's shape: a browser and its tabs are contexts;
 // Start gives the browser, NewTab a tab of it, and Navigate, Reload and
@@ -69,28 +70,15 @@ func driverDir() string {
 	return filepath.Join(filepath.Dir(file), "driver")
 }
 
-var (
-	buildOnce sync.Once
-	buildPath string
-	buildErr  error
-)
-
-// build compiles the driver once per test binary.
-func build() (string, error) {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "replayd-headless-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildPath = filepath.Join(dir, "driver")
-		cmd := exec.Command("go", "build", "-o", buildPath, ".")
-		cmd.Dir = driverDir()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("build the Chromium driver in %s: %v\n%s", cmd.Dir, err, out)
-		}
-	})
-	return buildPath, buildErr
+// build compiles the driver into dir.
+func build(dir string) (string, error) {
+	path := filepath.Join(dir, "driver")
+	cmd := exec.Command("go", "build", "-o", path, ".")
+	cmd.Dir = driverDir()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build the Chromium driver in %s: %v\n%s", cmd.Dir, err, out)
+	}
+	return path, nil
 }
 
 // Start starts a headless Chromium (execPath) with its profile in
@@ -98,7 +86,17 @@ func build() (string, error) {
 // that stops it and waits for its processes to exit. Driver logs go to
 // logf. timeout bounds the start.
 func Start(execPath, profileDir string, logf func(string, ...any), timeout time.Duration) (context.Context, context.CancelFunc, error) {
-	path, err := build()
+	dir, err := os.MkdirTemp("", "replayd-headless-")
+	if err != nil {
+		return nil, nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			os.RemoveAll(dir)
+		}
+	}()
+	path, err := build(dir)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -115,9 +113,13 @@ func Start(execPath, profileDir string, logf func(string, ...any), timeout time.
 	if err := cmd.Start(); err != nil {
 		return nil, nil, err
 	}
+	started = true // stop removes dir from here on
 	b := &browser{cmd: cmd, stdin: stdin, done: make(chan struct{}), pending: map[int64]chan reply{}}
 	go b.read(stdout)
-	stop := sync.OnceFunc(b.stop)
+	stop := sync.OnceFunc(func() {
+		b.stop()
+		os.RemoveAll(dir)
+	})
 	ctx := context.WithValue(context.Background(), ctxKey{}, target{b: b})
 	if _, err := b.call(context.Background(), request{Op: "start", Timeout: timeout}); err != nil {
 		stop()
