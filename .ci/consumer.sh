@@ -20,21 +20,21 @@ for m in $(git ls-files '*/go.mod' | xargs -n1 dirname); do
   case "$m" in examples/* | internal/* | .ci/*) ;; *) mods+=("$m") ;; esac
 done
 
-# The version a release tags: what every nested module requires of the root.
-version=
-for m in $(git ls-files '*/go.mod' | xargs -n1 dirname); do
-  v=$(awk '{ for (i = 1; i < NF; i++) if ($i == "github.com/replayd/replayd") print $(i + 1) }' "$m/go.mod")
-  if [ -z "$v" ]; then
-    echo "$m/go.mod does not require github.com/replayd/replayd"; exit 1
-  fi
-  if [ -n "$version" ] && [ "$v" != "$version" ]; then
-    echo "$m/go.mod requires github.com/replayd/replayd $v, others $version"; exit 1
-  fi
-  version=$v
-done
 if grep -n '^[[:space:]]*replace\b' $(git ls-files '*go.mod') /dev/null; then
   echo "a committed go.mod holds a replace directive: it is ignored for users"; exit 1
 fi
+
+# The version a release tags: what every nested module requires of the
+# root (and of another of ours: examples/cluster requires replaydpg).
+version=
+for m in $(git ls-files '*/go.mod' | xargs -n1 dirname); do
+  for v in $(awk '{ for (i = 1; i < NF; i++) if ($i ~ /^github\.com\/replayd\/replayd(\/|$)/) print $(i + 1) }' "$m/go.mod"); do
+    if [ -n "$version" ] && [ "$v" != "$version" ]; then
+      echo "$m/go.mod requires one of our modules at $v, others at $version"; exit 1
+    fi
+    version=$v
+  done
+done
 for m in "${mods[@]}"; do
   path=$(awk '$1 == "module" { print $2 }' "$m/go.mod")
   if ! go work edit -json | grep -q "\"Path\": \"$path\",\$" ||
@@ -42,6 +42,9 @@ for m in "${mods[@]}"; do
     echo "go.work does not replace $path $version => ./$m (see RELEASING.md)"; exit 1
   fi
 done
+if [ -z "$version" ]; then
+  echo "no nested module requires github.com/replayd/replayd"; exit 1
+fi
 echo "modules ${mods[*]} at $version"
 
 tmp=$(mktemp -d)
