@@ -18,14 +18,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/chromedp"
+	"github.com/replayd/replayd/internal/headless"
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // Browser end-to-end tests: a real headless Chromium EventSource against
 // real net/http listeners on 127.0.0.1. Each scenario asserts the page's
 // own record of what its EventSource delivered (e.lastEventId, e.type,
-// e.data), which the test reads back with chromedp.Evaluate.
+// e.data), which the test reads back with headless.Evaluate.
 //
 // The tests skip when Chromium is absent, unless REPLAYD_BROWSER_TESTS=1,
 // which turns a missing browser into a failure (CI sets it).
@@ -118,52 +118,21 @@ func browserExecPath(t *testing.T) string {
 }
 
 // browserStart starts one headless Chromium for the test and its subtests
-// and stops it, and every goroutine chromedp started, at the end.
+// and stops it, and its processes, at the end.
 func browserStart(t *testing.T) context.Context {
 	t.Helper()
 	execPath := browserExecPath(t)
 	dataDir := filepath.Join(t.TempDir(), "chromium-profile")
-	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(execPath),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-breakpad", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-default-apps", true),
-		chromedp.UserDataDir(dataDir),
-	)
 	// Registered before the browser's cleanup, so it runs after it: the
 	// profile is removed once the browser is gone, retrying while its
 	// child processes finish writing, before t.TempDir's own cleanup.
 	t.Cleanup(func() { browserRemoveAll(t, dataDir) })
-	t.Cleanup(allocCancel)
-	ctx, cancel := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	t.Cleanup(cancel)
-
-	if err := browserFirstRun(ctx, cancel); err != nil {
-		t.Fatalf("start Chromium (%s): %v", execPath, err)
+	ctx, stop, err := headless.Start(execPath, dataDir, t.Logf, browserWait)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(stop)
 	return ctx
-}
-
-// browserFirstRun runs nothing on ctx, which starts the browser or opens
-// the tab. The first Run binds them to ctx, so ctx must not carry a
-// timeout; a watchdog that cancels it bounds the wait instead.
-func browserFirstRun(ctx context.Context, cancel context.CancelFunc) error {
-	watchdog := time.AfterFunc(browserWait, cancel)
-	err := chromedp.Do(ctx)
-	if !watchdog.Stop() && err == nil {
-		err = errors.New("timed out")
-	}
-	return err
 }
 
 // browserRemoveAll removes dir, retrying for a few seconds while the
@@ -187,11 +156,11 @@ func browserRemoveAll(t *testing.T, dir string) {
 // cookies or connections) and closes it at the end of the test.
 func browserTab(t *testing.T, browser context.Context) context.Context {
 	t.Helper()
-	ctx, cancel := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
-	t.Cleanup(cancel)
-	if err := browserFirstRun(ctx, cancel); err != nil {
+	ctx, cancel, err := headless.NewTab(browser, browserWait)
+	if err != nil {
 		t.Fatalf("open a tab: %v", err)
 	}
+	t.Cleanup(cancel)
 	return ctx
 }
 
@@ -205,7 +174,7 @@ func browserNavigate(t *testing.T, tab context.Context, pageURL, src string, typ
 	u := pageURL + "?" + url.Values{"src": {src}, "types": {strings.Join(types, ",")}}.Encode()
 	ctx, cancel := context.WithTimeout(tab, browserWait)
 	defer cancel()
-	if err := chromedp.Do(ctx, chromedp.Navigate(u)); err != nil {
+	if err := headless.Navigate(ctx, u); err != nil {
 		t.Fatalf("navigate to %s: %v", u, err)
 	}
 }
@@ -215,9 +184,9 @@ func browserState(t *testing.T, tab context.Context) browserPageState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(tab, 5*time.Second)
 	defer cancel()
-	st, err := chromedp.Run(ctx, chromedp.Evaluate[browserPageState](
+	st, err := headless.Evaluate[browserPageState](ctx,
 		`({rec: window.rec || [], opens: window.opens || 0, errors: window.errors || 0,
-		   readyState: window.es ? window.es.readyState : -1})`))
+		   readyState: window.es ? window.es.readyState : -1})`)
 	if err != nil {
 		t.Fatalf("read the page's record: %v", err)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/chromedp"
+	"github.com/replayd/replayd/internal/headless"
 )
 
 // Browser tests of the module served by ClientScript, in headless
@@ -109,7 +109,7 @@ func clientNavigate(t *testing.T, tab context.Context, base string, opts map[str
 	}
 	ctx, cancel := context.WithTimeout(tab, browserWait)
 	defer cancel()
-	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/module?"+q.Encode())); err != nil {
+	if err := headless.Navigate(ctx, base+"/module?"+q.Encode()); err != nil {
 		t.Fatalf("navigate: %v", err)
 	}
 }
@@ -119,7 +119,7 @@ func clientReload(t *testing.T, tab context.Context) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(tab, browserWait)
 	defer cancel()
-	if err := chromedp.Do(ctx, chromedp.Reload()); err != nil {
+	if err := headless.Reload(ctx); err != nil {
 		t.Fatalf("reload: %v", err)
 	}
 }
@@ -128,9 +128,9 @@ func clientReload(t *testing.T, tab context.Context) {
 func clientState(tab context.Context, storageKey string) (clientPageState, error) {
 	ctx, cancel := context.WithTimeout(tab, 5*time.Second)
 	defer cancel()
-	return chromedp.Run(ctx, chromedp.Evaluate[clientPageState](fmt.Sprintf(
+	return headless.Evaluate[clientPageState](ctx, fmt.Sprintf(
 		`({ready: !!window.ready, rec: window.rec || [], cursor: window.sub ? window.sub.cursor : null,
-		   stored: %q ? sessionStorage.getItem(%[1]q) : null})`, storageKey)))
+		   stored: %q ? sessionStorage.getItem(%[1]q) : null})`, storageKey))
 }
 
 // clientWaitUntil reads the page's state until cond holds, for at most

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/chromedp"
+	"github.com/replayd/replayd/internal/headless"
 )
 
 // The module's poll transport and its "auto" fallback, in Chromium.
@@ -288,7 +288,7 @@ func clientTestClose(t *testing.T, browser context.Context) {
 			poll.waitServing(t, 1)
 		}
 		ctx, cancel := context.WithTimeout(tab, browserWait)
-		_, err := chromedp.Run(ctx, chromedp.Evaluate[any](`window.sub.close()`))
+		_, err := headless.Evaluate[any](ctx, `window.sub.close()`)
 		cancel()
 		if err != nil {
 			t.Fatal(err)

@@ -3,16 +3,13 @@ module github.com/replayd/replayd
 go 1.26.0
 
 require (
-	github.com/chromedp/chromedp v0.23.0
 	github.com/google/uuid v1.6.0
 	go.uber.org/goleak v1.3.0
 	modernc.org/sqlite v1.62.0
 )
 
 require (
-	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
-	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/childproc"
+	"github.com/replayd/replayd/internal/testenv"
 )
 
 // Crash durability on PostgreSQL with fsync and synchronous_commit on (the
@@ -54,7 +55,7 @@ var crashTopics = []string{"a", "b", "c", ""}
 // the test skips on a developer machine and fails under CI=true.
 func fsyncCluster(t *testing.T) (dsn, ctl string) {
 	t.Helper()
-	env := ciEnv(t, "the fsync cluster", "REPLAYD_PG_FSYNC_CLUSTER=1 source .ci/pg.sh", "REPLAYD_PG_FSYNC_DSN", "REPLAYD_PG_FSYNC_CTL")
+	env := testenv.Need(t, "the fsync cluster", "REPLAYD_PG_FSYNC_CLUSTER=1 source .ci/pg.sh", "REPLAYD_PG_FSYNC_DSN", "REPLAYD_PG_FSYNC_CTL")
 	dsn, ctl = env[0], env[1]
 	pool := testPoolDSN(t, dsn)
 	for _, name := range []string{"fsync", "synchronous_commit", "full_page_writes"} {

@@ -17,35 +17,26 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/testenv"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		testenv.Report("replaydpg")
+		if code == 0 && os.Getenv("REPLAYD_PG_DSN") == "" {
+			// Every test here needs PostgreSQL, so none ran: say so
+			// on go test's summary line too.
+			testenv.NoTestsRan()
+		}
+		os.Exit(code)
+	}))
 }
 
 // testDSN returns the DSN of the test cluster (.ci/pg.sh exports it).
 func testDSN(t testing.TB) string {
 	t.Helper()
-	return ciEnv(t, "PostgreSQL", "source .ci/pg.sh", "REPLAYD_PG_DSN")[0]
-}
-
-// ciEnv returns the values of the environment variables names, which
-// .ci/pg.sh exports once it has started what (run as start says). If one
-// is not set, the test is skipped on a developer machine and fails under
-// CI (CI=true), so a suite that never ran cannot look green.
-func ciEnv(t testing.TB, what, start string, names ...string) []string {
-	t.Helper()
-	vals := make([]string, len(names))
-	for i, name := range names {
-		if vals[i] = os.Getenv(name); vals[i] == "" {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is not set under CI: .ci/pg.sh did not start %s (%s)", name, what, start)
-			}
-			t.Skipf("%s is not set; start %s with: %s", name, what, start)
-		}
-	}
-	return vals
+	return testenv.Need(t, "PostgreSQL", "source .ci/pg.sh", "REPLAYD_PG_DSN")[0]
 }
 
 // testPrefix returns a fresh table prefix and drops its tables when the

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/testenv"
 	"github.com/replayd/replayd/storetest"
 )
 
@@ -17,7 +18,7 @@ import (
 // and fails under CI=true.
 func bouncerDSNs(t *testing.T) (transaction, session string) {
 	t.Helper()
-	env := ciEnv(t, "PgBouncer", "REPLAYD_PG_PGBOUNCER=1 source .ci/pg.sh", "REPLAYD_PG_BOUNCER_DSN", "REPLAYD_PG_BOUNCER_SESSION_DSN")
+	env := testenv.Need(t, "PgBouncer", "REPLAYD_PG_PGBOUNCER=1 source .ci/pg.sh", "REPLAYD_PG_BOUNCER_DSN", "REPLAYD_PG_BOUNCER_SESSION_DSN")
 	return env[0], env[1]
 }
 

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/prometheus/client_golang v1.25.0
-	github.com/replayd/replayd v0.0.0-00010101000000-000000000000
+	github.com/replayd/replayd v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -28,5 +28,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-replace github.com/replayd/replayd => ../

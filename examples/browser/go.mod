@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/prometheus/client_golang v1.25.0
-	github.com/replayd/replayd v0.0.0-00010101000000-000000000000
-	github.com/replayd/replayd/replaydprom v0.0.0-00010101000000-000000000000
+	github.com/replayd/replayd v0.1.0
+	github.com/replayd/replayd/replaydprom v0.1.0
 )
 
 require (
@@ -26,9 +26,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
-)
-
-replace (
-	github.com/replayd/replayd => ../..
-	github.com/replayd/replayd/replaydprom => ../../replaydprom
 )

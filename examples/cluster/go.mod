@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/replayd/replayd v0.0.0
-	github.com/replayd/replayd/replaydpg v0.0.0
+	github.com/replayd/replayd v0.1.0
+	github.com/replayd/replayd/replaydpg v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -25,9 +25,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
-)
-
-replace (
-	github.com/replayd/replayd => ../..
-	github.com/replayd/replayd/replaydpg => ../../replaydpg
 )

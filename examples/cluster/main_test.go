@@ -7,11 +7,18 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/replayd/replayd/internal/testenv"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		testenv.Report("examples/cluster")
+		if code == 0 && os.Getenv("REPLAYD_PG_DSN") == "" {
+			testenv.NoTestsRan() // its one test needs PostgreSQL
+		}
+		os.Exit(code)
+	}))
 }
 
 // The demo end to end on a real PostgreSQL (REPLAYD_PG_DSN, as .ci/pg.sh
@@ -20,13 +27,7 @@ func TestMain(m *testing.M) {
 // published on both nodes up to its last one exactly once, in order, each
 // resume replaying at least what was published while it was away.
 func TestClusterDemo(t *testing.T) {
-	dsn := os.Getenv("REPLAYD_PG_DSN")
-	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("REPLAYD_PG_DSN is not set under CI: .ci/pg.sh did not start PostgreSQL")
-		}
-		t.Skip("REPLAYD_PG_DSN not set; start a cluster with: source .ci/pg.sh")
-	}
+	dsn := testenv.Need(t, "PostgreSQL", "source .ci/pg.sh", "REPLAYD_PG_DSN")[0]
 	var out strings.Builder
 	res, err := run(context.Background(), dsn, &out)
 	t.Log("\n" + out.String())

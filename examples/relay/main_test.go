@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -14,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/chromedp"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/headless"
 )
 
 // The relay page in headless Chromium: a page reloaded twice in the middle
@@ -61,11 +60,11 @@ func TestRelayPageSurvivesReloads(t *testing.T) {
 	}
 
 	tab := relayTab(t, browser)
-	relayDo(t, tab, chromedp.Navigate(srv.URL+"/#"+job.ID))
+	relayDo(t, tab, func(ctx context.Context) error { return headless.Navigate(ctx, srv.URL+"/#"+job.ID) })
 	relayWait(t, tab, "50 chunks", func(s relayState) bool { return s.Chunks >= 50 })
-	relayDo(t, tab, chromedp.Reload())
+	relayDo(t, tab, headless.Reload)
 	relayWait(t, tab, "150 chunks", func(s relayState) bool { return s.Chunks >= 150 })
-	relayDo(t, tab, chromedp.Reload())
+	relayDo(t, tab, headless.Reload)
 	st := relayWait(t, tab, "the answer", func(s relayState) bool { return s.Done != nil })
 	if st.Text != want.String() || st.Chunks != r.up.chunks || st.Done.Bytes != want.Len() {
 		t.Fatalf("after two reloads the page shows %d chunks, %d bytes (done: %+v); want %d chunks, %d bytes, equal text\n got %q\nwant %q",
@@ -73,7 +72,7 @@ func TestRelayPageSurvivesReloads(t *testing.T) {
 	}
 
 	other := relayTab(t, browser)
-	relayDo(t, other, chromedp.Navigate(srv.URL+"/#"+job.ID))
+	relayDo(t, other, func(ctx context.Context) error { return headless.Navigate(ctx, srv.URL+"/#"+job.ID) })
 	st = relayWait(t, other, "the answer in a second tab", func(s relayState) bool { return s.Done != nil })
 	if st.Text != want.String() {
 		t.Fatalf("a second tab shows %q, want %q", st.Text, want.String())
@@ -102,46 +101,32 @@ func relayBrowser(t *testing.T) context.Context {
 		}
 		t.Skip("chromium not found")
 	}
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()))
-	t.Cleanup(cancelAlloc)
-	ctx, cancel := chromedp.NewContext(alloc, chromedp.WithLogf(t.Logf))
-	t.Cleanup(cancel)
-	relayFirstRun(t, ctx, cancel)
+	ctx, stop, err := headless.Start(path, t.TempDir(), t.Logf, relayWaitFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
 	return ctx
 }
 
 // relayTab opens a tab in a fresh browser context.
 func relayTab(t *testing.T, browser context.Context) context.Context {
 	t.Helper()
-	ctx, cancel := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
+	ctx, cancel, err := headless.NewTab(browser, relayWaitFor)
+	if err != nil {
+		t.Fatalf("open a tab: %v", err)
+	}
 	t.Cleanup(cancel)
-	relayFirstRun(t, ctx, cancel)
 	return ctx
 }
 
-// relayFirstRun binds ctx to its browser or tab; a watchdog bounds it, as
-// ctx itself must carry no timeout.
-func relayFirstRun(t *testing.T, ctx context.Context, cancel context.CancelFunc) {
-	t.Helper()
-	watchdog := time.AfterFunc(relayWaitFor, cancel)
-	err := chromedp.Do(ctx)
-	if !watchdog.Stop() && err == nil {
-		err = errors.New("timed out")
-	}
-	if err != nil {
-		t.Fatalf("start Chromium: %v", err)
-	}
-}
-
-func relayDo(t *testing.T, tab context.Context, a chromedp.Action[chromedp.Void]) {
+// relayDo runs do (headless.Navigate or headless.Reload) on the tab, for
+// at most relayWaitFor.
+func relayDo(t *testing.T, tab context.Context, do func(ctx context.Context) error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(tab, relayWaitFor)
 	defer cancel()
-	if err := chromedp.Do(ctx, a); err != nil {
+	if err := do(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -152,7 +137,7 @@ func relayWait(t *testing.T, tab context.Context, what string, cond func(relaySt
 	deadline := time.Now().Add(relayWaitFor)
 	for {
 		ctx, cancel := context.WithTimeout(tab, 5*time.Second)
-		st, err := chromedp.Run(ctx, chromedp.Evaluate[relayState](`window.relay || {}`))
+		st, err := headless.Evaluate[relayState](ctx, `window.relay || {}`)
 		cancel()
 		if err == nil && cond(st) {
 			return st
