@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/launchdarkly/eventsource v1.11.0
 	github.com/r3labs/sse/v2 v2.10.0
-	github.com/replayd/replayd v0.0.0
+	github.com/replayd/replayd v0.1.0
 	github.com/tmaxmax/go-sse v0.12.0
 	gopkg.in/cenkalti/backoff.v1 v1.1.0
 )
@@ -23,5 +23,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-replace github.com/replayd/replayd => ../

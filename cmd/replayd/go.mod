@@ -7,9 +7,9 @@ require (
 	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/prometheus/client_golang v1.25.0
-	github.com/replayd/replayd v0.0.0
-	github.com/replayd/replayd/replaydpg v0.0.0
-	github.com/replayd/replayd/replaydprom v0.0.0
+	github.com/replayd/replayd v0.1.0
+	github.com/replayd/replayd/replaydpg v0.1.0
+	github.com/replayd/replayd/replaydprom v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -38,10 +38,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
-)
-
-replace (
-	github.com/replayd/replayd => ../../
-	github.com/replayd/replayd/replaydpg => ../../replaydpg
-	github.com/replayd/replayd/replaydprom => ../../replaydprom
 )

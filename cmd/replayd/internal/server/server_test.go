@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -55,15 +56,19 @@ func newTestServer(t testing.TB, args ...string) (*Server, *httptest.Server) {
 // The handler in-process: a publish goes through PublishBatch to the log.
 func TestPublishInProcess(t *testing.T) {
 	s, srv := newTestServer(t, "--publish-key", "k")
+	before, err := s.Hub().LatestSequence(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
 	req := httptest.NewRequest("POST", srv.URL+"/publish", strings.NewReader(`[{"topic":"a","data":1},{"topic":"b","data":2}]`))
 	req.Header.Set("Authorization", "Bearer k")
 	w := httptest.NewRecorder()
 	s.Handler().ServeHTTP(w, req)
-	if w.Code != 200 || !strings.HasPrefix(w.Body.String(), `[{"sequence":1,`) {
-		t.Fatalf("%d %s", w.Code, w.Body.String())
+	if w.Code != 200 || !strings.HasPrefix(w.Body.String(), fmt.Sprintf(`[{"sequence":%d,`, before+1)) {
+		t.Fatalf("%d %s, want the first sequence %d", w.Code, w.Body.String(), before+1)
 	}
-	if head, err := s.Hub().LatestSequence(context.Background()); err != nil || head != 2 {
-		t.Fatalf("head %d %v", head, err)
+	if head, err := s.Hub().LatestSequence(context.Background()); err != nil || head != before+2 {
+		t.Fatalf("head %d %v, want %d", head, err, before+2)
 	}
 }
 
