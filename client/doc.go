@@ -47,7 +47,7 @@
 // says the application's state is incomplete (events were pruned, were
 // beyond the server's replay limit, or the log did not know the cursor):
 // reload a snapshot, then keep applying the events that follow. After an
-// unknown_cursor or invalid_cursor gap the cursor moves back to the head
+// unknown_cursor or invalid_cursor gap the cursor moves to the head
 // of the log being read (a log restored or replaced), and its events
 // follow.
 //

@@ -63,24 +63,26 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	errEnough := errors.New("enough")
+	data := map[int64]string{} // by event id; ids are the log's sequences, not counted from 1
 	err := c.Run(ctx, func(m client.Message) error {
 		switch {
 		case m.Gap != nil:
 			fmt.Println("gap:", m.Gap.Reason) // reload a snapshot here
 		case m.Event != nil:
-			fmt.Printf("event %d %s %s\n", m.Event.ID, m.Event.Type, m.Event.Data)
-			if m.Event.ID == 4 {
-				return errEnough
+			fmt.Printf("event %s %s\n", m.Event.Type, m.Event.Data)
+			data[m.Event.ID] = string(m.Event.Data)
+			if string(m.Event.Data) == `{"n":3}` {
+				return errEnough // not accepted: the cursor stays on the one before
 			}
 		}
 		return nil
 	})
-	fmt.Println(err, "; cursor", c.Cursor())
+	fmt.Println(err, "; cursor at", data[c.Cursor()])
 	// Output:
-	// event 1 message {"n":0}
-	// event 3 message {"n":2}
-	// event 4 message {"n":3}
-	// enough ; cursor 3
+	// event message {"n":0}
+	// event message {"n":2}
+	// event message {"n":3}
+	// enough ; cursor at {"n":2}
 }
 
 // Persist the cursor and continue after a restart: a second client,
@@ -93,30 +95,34 @@ func ExampleClient_Cursor() {
 	defer cancel()
 
 	stop := errors.New("stop")
+	data := map[int64]string{} // by event id
 	first := client.New(client.Options{SSE: url + "/events", Topics: []string{"room-42"}})
 	first.Run(ctx, func(m client.Message) error {
-		if m.Event != nil && m.Event.ID == 3 {
-			return stop // a crash after event 1 was handled, before 3
+		if m.Event != nil {
+			data[m.Event.ID] = string(m.Event.Data)
+			if string(m.Event.Data) == `{"n":2}` {
+				return stop // a crash after {"n":0} was handled, before {"n":2}
+			}
 		}
 		return nil
 	})
 	saved := first.Cursor() // an application writes it down with its state
-	fmt.Println("saved cursor:", saved)
+	fmt.Println("saved cursor: the id of", data[saved])
 
 	hub.Publish(ctx, "room-42", map[string]int{"n": 4})
 	second := client.New(client.Options{Poll: url + "/poll", Topics: []string{"room-42"}, Cursor: saved})
 	second.Run(ctx, func(m client.Message) error {
-		fmt.Printf("event %d %s topic %s\n", m.Event.ID, m.Event.Data, m.Event.Topic)
-		if m.Event.ID == 5 {
+		fmt.Printf("event %s topic %s\n", m.Event.Data, m.Event.Topic)
+		if string(m.Event.Data) == `{"n":4}` {
 			return stop
 		}
 		return nil
 	})
 	// Output:
-	// saved cursor: 1
-	// event 3 {"n":2} topic room-42
-	// event 4 {"n":3} topic room-42
-	// event 5 {"n":4} topic room-42
+	// saved cursor: the id of {"n":0}
+	// event {"n":2} topic room-42
+	// event {"n":3} topic room-42
+	// event {"n":4} topic room-42
 }
 
 // A token refreshed on every connection; a refusal (401, 403) ends Run

@@ -44,26 +44,37 @@ func TestGaps(t *testing.T) {
 			}
 			r.check(t, evs, 0)
 		})
-		t.Run("unknown_cursor/"+string(tr), func(t *testing.T) {
-			s := newServer(t, replayd.Options{})
-			old := s.publish(3, "a")
-			opts := s.options(tr, "a")
-			opts.Cursor = 1000 // from another log, or one restored from a backup
-			c := client.New(opts)
-			r := newRecorder()
-			run(t, c, r)
-			wiretest.WaitUntil(t, "the gap", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.msgs) > 0 })
-			if g := r.msgs[0].Gap; g == nil || g.Reason != "unknown_cursor" || *g.ResumedFrom != 1000 || g.MissedFrom != nil {
-				t.Fatalf("got %s, want an unknown_cursor gap", r)
-			}
-			wiretest.WaitUntil(t, "the cursor at the head", func() bool { return c.Cursor() == old[2].Sequence })
-			fresh := s.publish(2, "a") // ids below the old cursor: this log's
-			r.waitFor(t, fresh[1].Sequence)
-			r.check(t, fresh, old[2].Sequence)
-			if len(r.msgs) != 3 {
-				t.Fatalf("got %s", r)
-			}
-		})
+		// A cursor the log never issued: above its head (a log reset or
+		// replaced), or inside the range it skipped when it was opened (a
+		// log restored from a backup); both move the client to the head.
+		for _, foreign := range []struct {
+			name   string
+			cursor func(head int64) int64
+		}{
+			{"above_head", func(head int64) int64 { return head + 1000 }},
+			{"skipped", func(head int64) int64 { return 1000 }},
+		} {
+			t.Run("unknown_cursor/"+foreign.name+"/"+string(tr), func(t *testing.T) {
+				s := newServer(t, replayd.Options{})
+				old := s.publish(3, "a")
+				opts := s.options(tr, "a")
+				opts.Cursor = foreign.cursor(old[2].Sequence)
+				c := client.New(opts)
+				r := newRecorder()
+				run(t, c, r)
+				wiretest.WaitUntil(t, "the gap", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.msgs) > 0 })
+				if g := r.msgs[0].Gap; g == nil || g.Reason != "unknown_cursor" || *g.ResumedFrom != opts.Cursor || g.MissedFrom != nil {
+					t.Fatalf("got %s, want an unknown_cursor gap", r)
+				}
+				wiretest.WaitUntil(t, "the cursor at the head", func() bool { return c.Cursor() == old[2].Sequence })
+				fresh := s.publish(2, "a")
+				r.waitFor(t, fresh[1].Sequence)
+				r.check(t, fresh, old[2].Sequence)
+				if len(r.msgs) != 3 {
+					t.Fatalf("got %s", r)
+				}
+			})
+		}
 	}
 	t.Run("invalid_cursor", func(t *testing.T) {
 		s := newServer(t, replayd.Options{})
@@ -76,7 +87,7 @@ func TestGaps(t *testing.T) {
 			})
 		})
 		opts := s.options(client.SSE, "a")
-		opts.Cursor = 1000
+		opts.Cursor = old[0].Sequence // this log's, but the server reads "abc"
 		c := client.New(opts)
 		r := newRecorder()
 		run(t, c, r)
@@ -93,37 +104,40 @@ func TestGaps(t *testing.T) {
 // replica behind): ids at or below the cursor are dropped; SSE frames in
 // any line ending, multi-line data joined.
 func TestDropsRepeats(t *testing.T) {
-	var mu sync.Mutex
-	calls := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		calls++
-		n := calls
-		mu.Unlock()
-		if r.URL.Path == "/poll" {
-			w.Header().Set("Content-Type", "application/json")
-			if n == 1 {
-				fmt.Fprint(w, `{"topics":[],"cursor":3,"head":3,"more":false,"gap":null,"events":[`+
-					`{"id":1,"type":"message","topic":null,"data":1},{"id":3,"type":"message","topic":"x","data":3}]}`)
+	// A server per transport: a request of the SSE client still in flight
+	// when its Run returned must not take the poll client's first answer.
+	serve := func(t *testing.T) *httptest.Server {
+		var mu sync.Mutex
+		calls := 0
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
+			if r.URL.Path == "/poll" {
+				w.Header().Set("Content-Type", "application/json")
+				if n == 1 {
+					fmt.Fprint(w, `{"topics":[],"cursor":3,"head":3,"more":false,"gap":null,"events":[`+
+						`{"id":1,"type":"message","topic":null,"data":1},{"id":3,"type":"message","topic":"x","data":3}]}`)
+					return
+				}
+				fmt.Fprint(w, `{"topics":[],"cursor":5,"head":5,"more":false,"gap":null,"events":[`+
+					`{"id":2,"type":"message","topic":null,"data":2},{"id":3,"type":"message","topic":null,"data":3},{"id":5,"type":"t","topic":null,"data":5}]}`)
 				return
 			}
-			fmt.Fprint(w, `{"topics":[],"cursor":5,"head":5,"more":false,"gap":null,"events":[`+
-				`{"id":2,"type":"message","topic":null,"data":2},{"id":3,"type":"message","topic":null,"data":3},{"id":5,"type":"t","topic":null,"data":5}]}`)
-			return
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		if n == 1 {
-			fmt.Fprint(w, "id: 0\r\nevent: hello\r\ndata: {\"cursor\":0,\"head\":3}\r\n\r\nid: 1\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n: hi\n\nid: 3\nevent: heartbeat\ndata: 3\n\nevent: heartbeat\ndata: {}\n\n")
-			return
-		}
-		fmt.Fprint(w, "id: 3\nevent: hello\ndata: {\"cursor\":3,\"head\":5}\n\nid: 2\ndata: 2\n\nid: 3\ndata: 3\n\nid: 5\nevent: t\ndata: 5\n\n")
-	}))
-	t.Cleanup(srv.Close)
+			w.Header().Set("Content-Type", "text/event-stream")
+			if n == 1 {
+				fmt.Fprint(w, "id: 0\r\nevent: hello\r\ndata: {\"cursor\":0,\"head\":3}\r\n\r\nid: 1\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n: hi\n\nid: 3\nevent: heartbeat\ndata: 3\n\nevent: heartbeat\ndata: {}\n\n")
+				return
+			}
+			fmt.Fprint(w, "id: 3\nevent: hello\ndata: {\"cursor\":3,\"head\":5}\n\nid: 2\ndata: 2\n\nid: 3\ndata: 3\n\nid: 5\nevent: t\ndata: 5\n\n")
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
 	for _, tr := range []client.Transport{client.SSE, client.Poll} {
 		t.Run(string(tr), func(t *testing.T) {
-			mu.Lock()
-			calls = 0
-			mu.Unlock()
+			srv := serve(t)
 			r := newRecorder()
 			c := client.New(client.Options{SSE: srv.URL + "/events", Poll: srv.URL + "/poll", Transport: tr, MinBackoff: 1, MaxBackoff: 1})
 			run(t, c, r)

@@ -144,8 +144,8 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 				helloTimer.Stop()
 			}
 			// A fresh client starts at the hello's cursor, the head. A
-			// resuming one keeps its own: the hello repeats it, or is below
-			// it when the log does not know it (a gap follows).
+			// resuming one keeps its own: the hello repeats it, or names
+			// the head when the log does not know it (a gap follows).
 			if c.cursor.Load() < 0 {
 				c.cursor.Store(resumed)
 			}
@@ -156,12 +156,12 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 					a.err = fmt.Errorf("replayd client: gap %q: %w", f.Data, err)
 					return a
 				}
-				// A gap below the cursor (unknown_cursor, invalid_cursor)
-				// moves it to the hello's: the head of this log.
-				next := c.cursor.Load()
-				if resumed < next {
-					next = resumed
-				}
+				// The stream goes on from the hello's cursor: the client's
+				// own after replay_limit and pruned, the head after
+				// unknown_cursor and invalid_cursor, which may be above
+				// the client's cursor (one inside a range the log skipped
+				// when it was opened) or below it (one above the head).
+				next := resumed
 				body.busy.Store(true)
 				err := c.accept(handle, Message{Gap: g}, next)
 				body.busy.Store(false)
