@@ -250,7 +250,7 @@ func runCase(t *testing.T, c client, e ending) outcome {
 
 	rec := runClient(t, ctx, c, url)
 	s.publish(ctx, 3)
-	if !rec.until(ctx, func() bool { return rec.stopped || rec.has("3") }) || rec.stopped {
+	if !rec.until(ctx, func() bool { return rec.stopped || rec.has(fmt.Sprint(s.published[2])) }) || rec.stopped {
 		t.Fatalf("%s did not get events 1-3: %v", c.name, rec.err)
 	}
 

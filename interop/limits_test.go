@@ -53,12 +53,12 @@ func TestBigPayload(t *testing.T) {
 			again := func() bool { return s.front.logLen() >= 3 }
 			untilEither(wait, &rec.board, &s.front.board, func() bool {
 				frames, stopped, _ := rec.snapshot()
-				return stopped || hasMessage(frames, "3") || again()
+				return stopped || hasMessage(frames, fmt.Sprint(s.published[2])) || again()
 			})
 			frames, stopped, err := rec.snapshot()
 			delivered := false
 			for _, f := range frames {
-				delivered = delivered || f.typ == "message" && f.id == "2" && strings.Contains(f.data, big)
+				delivered = delivered || f.typ == "message" && f.id == fmt.Sprint(s.published[1]) && strings.Contains(f.data, big)
 			}
 			t.Logf("delivered %v, requests %d, stopped %v (%v)", delivered, s.front.logLen(), stopped, err)
 			if delivered != tc.delivered {
@@ -96,14 +96,14 @@ func TestR3labsBackOffClock(t *testing.T) {
 	}
 	rec := runClient(t, ctx, client{"r3labs/sse", run}, "http://"+px.addr()+"/?topic=t")
 	s.publish(ctx, 1)
-	if !rec.until(ctx, func() bool { return rec.has("1") }) {
+	if !rec.until(ctx, func() bool { return rec.has(fmt.Sprint(s.published[0])) }) {
 		t.Fatal("event 1 not delivered")
 	}
 	// The stream stays up past MaxElapsedTime: the passing time is the
 	// scenario here, nothing is waited for.
 	time.Sleep(2 * maxElapsed)
 	s.publish(ctx, 1)
-	if !rec.until(ctx, func() bool { return rec.has("2") }) {
+	if !rec.until(ctx, func() bool { return rec.has(fmt.Sprint(s.published[1])) }) {
 		t.Fatal("event 2 not delivered")
 	}
 	px.cut()
