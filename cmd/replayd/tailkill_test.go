@@ -1,0 +1,146 @@
+package main_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The exactly-once pipeline's promise: `replayd tail --state` killed with
+// SIGKILL and restarted 20 times while events are published prints every
+// event in order, losing none, and repeats at most the last line of each
+// killed run.
+func TestTailStateSurvivesSIGKILL(t *testing.T) {
+	const runs = 20
+	d := start(t, nil, serveArgs(t, filepath.Join(t.TempDir(), "k.db"))...)
+	state := filepath.Join(t.TempDir(), "s.json")
+	t0 := time.Now()
+
+	// The publisher: one event every 2 ms until told to stop.
+	var (
+		mu        sync.Mutex // guards published, pubErr
+		published []int64
+		pubErr    error
+	)
+	stopPub, pubDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stopPub:
+				return
+			case <-tick.C:
+			}
+			seq, err := postEvent(d.base, "pub-k", fmt.Sprint("k", i), i)
+			mu.Lock()
+			if err != nil {
+				pubErr = err
+			} else {
+				published = append(published, seq)
+			}
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer func() { close(stopPub); <-pubDone }()
+
+	transports := []string{"sse", "poll", "auto"}
+	var out [][]tailLine // each run's lines
+	for r := range runs {
+		tl := startTail(t, d.base, "--topic", "pub-k", "--state", state, "--transport", transports[r%len(transports)])
+		var lines []tailLine
+		for range 1 + rand.IntN(40) {
+			lines = append(lines, tl.next(t))
+		}
+		err, rest := tl.signal(t, syscall.SIGKILL)
+		if err == nil {
+			t.Fatalf("run %d: exit status 0 after SIGKILL", r)
+		}
+		out = append(out, append(lines, rest...))
+	}
+	close(stopPub)
+	<-pubDone
+	stopPub = make(chan struct{}) // for the deferred close
+	mu.Lock()
+	want, err := published, pubErr
+	mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last run reads to the end and stops cleanly.
+	tl := startTail(t, d.base, "--topic", "pub-k", "--state", state)
+	var lines []tailLine
+	for len(lines) == 0 || lines[len(lines)-1].Sequence < want[len(want)-1] {
+		lines = append(lines, tl.next(t))
+	}
+	err, rest := tl.signal(t, syscall.SIGTERM)
+	if err != nil || len(rest) != 0 {
+		t.Fatalf("last run after SIGTERM: %v, lines %v", err, rest)
+	}
+	out = append(out, lines)
+
+	// Concatenate, dropping a first line that repeats the previous run's
+	// last; nothing else may repeat, nothing may be missing.
+	var got []int64
+	repeats, total := 0, 0
+	for r, run := range out {
+		total += len(run)
+		for i, l := range run {
+			if l.Gap != nil || strings.HasPrefix(l.raw, "unparsable") {
+				t.Fatalf("run %d line %d: %s (no gap expected: nothing is pruned)", r, i, l.raw)
+			}
+			if i == 0 && r > 0 && len(got) > 0 && l.Sequence == got[len(got)-1] {
+				prev := out[r-1]
+				if len(prev) == 0 || prev[len(prev)-1].Sequence != l.Sequence {
+					t.Fatalf("run %d repeats %d, not the last line of run %d", r, l.Sequence, r-1)
+				}
+				repeats++
+				continue
+			}
+			got = append(got, l.Sequence)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("printed %d distinct events, published %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("event %d: printed sequence %d, published %d", i, got[i], want[i])
+		}
+	}
+	t.Logf("%d runs (%d SIGKILLed), %d events published, %d lines printed, %d repeated first lines, %v",
+		len(out), runs, len(want), total, repeats, time.Since(t0).Round(time.Millisecond))
+}
+
+// postEvent publishes one event with the tests' key and returns its
+// sequence; it is safe in any goroutine (no testing.T).
+func postEvent(base, topic, id string, data any) (int64, error) {
+	body, _ := json.Marshal(map[string]any{"topic": topic, "id": id, "data": data})
+	req, err := http.NewRequest(http.MethodPost, base+"/publish", strings.NewReader(string(body)))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+publishKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var a publishAnswer
+	if err := json.NewDecoder(resp.Body).Decode(&a); err != nil || resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("publish %s: %d %v %+v", id, resp.StatusCode, err, a)
+	}
+	return a.Sequence, nil
+}
