@@ -175,10 +175,15 @@ func tail(args []string, stdout, stderr io.Writer) int {
 		if _, err := stdout.Write(lineOf(m)); err != nil {
 			return fmt.Errorf("stdout: %w", err)
 		}
-		if m.Event != nil {
+		switch {
+		case m.Event != nil:
 			return save(m.Event.ID)
+		case m.Gap != nil && m.Gap.MissedThrough != nil && (m.Gap.Reason == "replay_limit" || m.Gap.Reason == "pruned"):
+			// The events after the missed range follow: a restart goes on
+			// there, not to the same gap again.
+			return save(*m.Gap.MissedThrough)
 		}
-		return nil // a gap: the next event, or the exit, saves the cursor it moved
+		return nil // an unknown_cursor gap: the next event, or the exit, saves the cursor it moved
 	})
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		if err := save(cl.Cursor()); err != nil {

@@ -97,9 +97,9 @@ func (tl *tailer) next(t *testing.T) tailLine {
 	return tailLine{}
 }
 
-// signal sends sig and waits for the exit, returning the exit error and
-// the lines printed but not read yet.
-func (tl *tailer) signal(t *testing.T, sig syscall.Signal) (error, []tailLine) {
+// signal sends sig and waits for the exit, returning the lines printed
+// but not read yet and the exit error.
+func (tl *tailer) signal(t *testing.T, sig syscall.Signal) ([]tailLine, error) {
 	t.Helper()
 	if err := tl.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func (tl *tailer) signal(t *testing.T, sig syscall.Signal) (error, []tailLine) {
 		case l, ok := <-tl.lines:
 			if !ok {
 				<-tl.done
-				return tl.err, rest
+				return rest, tl.err
 			}
 			rest = append(rest, l)
 		case <-timeout:
@@ -133,7 +133,8 @@ func TestTailPrintsEventsAndGap(t *testing.T) {
 	tok := token(t, farFuture(), "*")
 	for _, transport := range []string{"sse", "poll"} {
 		t.Run(transport, func(t *testing.T) {
-			tl := startTail(t, d.base, "--transport", transport, "--token", tok, "--topic", "room-1")
+			state := filepath.Join(t.TempDir(), "s.json")
+			tl := startTail(t, d.base, "--transport", transport, "--token", tok, "--topic", "room-1", "--state", state)
 			// Polls page through the log (no replay limit); SSE replays at
 			// most 3 events and names the rest with a gap.
 			first := 4
@@ -171,8 +172,11 @@ func TestTailPrintsEventsAndGap(t *testing.T) {
 					t.Errorf("line %s: want topic %s", l.raw, w.topic)
 				}
 			}
-			if err, rest := tl.signal(t, syscall.SIGINT); err != nil || len(rest) != 0 {
+			if rest, err := tl.signal(t, syscall.SIGINT); err != nil || len(rest) != 0 {
 				t.Errorf("after SIGINT: %v, lines %v", err, rest)
+			}
+			if got := readState(t, state); got != bcast {
+				t.Errorf("state holds %d, want %d", got, bcast)
 			}
 		})
 	}
@@ -207,7 +211,7 @@ func TestTailStateResume(t *testing.T) {
 			t.Fatalf("line %s: want sequence %d", l.raw, s)
 		}
 	}
-	if err, rest := tl.signal(t, syscall.SIGTERM); err != nil || len(rest) != 0 {
+	if rest, err := tl.signal(t, syscall.SIGTERM); err != nil || len(rest) != 0 {
 		t.Fatalf("after SIGTERM: %v, lines %v", err, rest)
 	}
 	if got := readState(t, state); got != seqs[2] {
@@ -218,7 +222,7 @@ func TestTailStateResume(t *testing.T) {
 	if l := tl.next(t); l.Sequence != more || string(l.Data) != `"after"` {
 		t.Fatalf("first line after the restart %s: want sequence %d", l.raw, more)
 	}
-	if err, _ := tl.signal(t, syscall.SIGINT); err != nil {
+	if _, err := tl.signal(t, syscall.SIGINT); err != nil {
 		t.Fatalf("after SIGINT: %v", err)
 	}
 }

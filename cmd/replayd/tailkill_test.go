@@ -63,7 +63,7 @@ func TestTailStateSurvivesSIGKILL(t *testing.T) {
 		for range 1 + rand.IntN(40) {
 			lines = append(lines, tl.next(t))
 		}
-		err, rest := tl.signal(t, syscall.SIGKILL)
+		rest, err := tl.signal(t, syscall.SIGKILL)
 		if err == nil {
 			t.Fatalf("run %d: exit status 0 after SIGKILL", r)
 		}
@@ -84,7 +84,7 @@ func TestTailStateSurvivesSIGKILL(t *testing.T) {
 	for len(lines) == 0 || lines[len(lines)-1].Sequence < want[len(want)-1] {
 		lines = append(lines, tl.next(t))
 	}
-	err, rest := tl.signal(t, syscall.SIGTERM)
+	rest, err := tl.signal(t, syscall.SIGTERM)
 	if err != nil || len(rest) != 0 {
 		t.Fatalf("last run after SIGTERM: %v, lines %v", err, rest)
 	}
