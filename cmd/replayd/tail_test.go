@@ -301,3 +301,26 @@ func TestPublishCmdExitCodes(t *testing.T) {
 		t.Errorf("topic too long: exit %d, %q; want 1 and the answer", code, out)
 	}
 }
+
+// A cursor the log does not know (a log restored or replaced) gets an
+// unknown_cursor gap over each transport, without a range, and the events
+// published after it follow.
+func TestTailUnknownCursorGap(t *testing.T) {
+	d := start(t, nil, serveArgs(t, filepath.Join(t.TempDir(), "u.db"))...)
+	head := publish(t, d.base, "pub-u", "u0", 0).Sequence
+	for _, transport := range []string{"sse", "poll"} {
+		t.Run(transport, func(t *testing.T) {
+			tl := startTail(t, d.base, "--transport", transport, "--topic", "pub-u", "--cursor", fmt.Sprint(head+1_000_000))
+			if g := tl.next(t); g.Gap == nil || g.Gap.Reason != "unknown_cursor" || g.raw != `{"gap":{"reason":"unknown_cursor"}}` {
+				t.Fatalf("first line %s: want an unknown_cursor gap", g.raw)
+			}
+			seq := publish(t, d.base, "pub-u", "after-"+transport, transport).Sequence
+			if l := tl.next(t); l.Sequence != seq {
+				t.Fatalf("line %s: want sequence %d", l.raw, seq)
+			}
+			if _, err := tl.signal(t, syscall.SIGTERM); err != nil {
+				t.Errorf("after SIGTERM: %v", err)
+			}
+		})
+	}
+}
