@@ -3,6 +3,8 @@
 // an EventSource (or /replayd.js) and a signed token. See docs/server.md.
 //
 //	replayd serve --publish-key "$KEY" --token-key secret.key
+//	replayd tail --state s.json http://localhost:8080 | your-program
+//	replayd publish http://localhost:8080 --key "$KEY" --topic room-1 --data '{"n":1}'
 //	replayd version
 package main
 
@@ -28,8 +30,10 @@ func main() {
 }
 
 const usage = `Usage:
-  replayd serve [flags]   serve events (replayd serve -h lists the flags)
-  replayd version         print the version
+  replayd serve [flags]        serve events (replayd serve -h lists the flags)
+  replayd tail URL [flags]     print a stream's events, one JSON object a line
+  replayd publish URL [flags]  publish one event (--key K --topic T --data JSON)
+  replayd version              print the version
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -46,6 +50,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "serve":
 		return serve(args[1:], stdout, stderr)
+	case "tail":
+		return tail(args[1:], stdout, stderr)
+	case "publish":
+		return publish(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "replayd: unknown command %q\n%s", args[0], usage)
 	return 2

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/replayd/replayd/client"
+)
+
+// tailLine is one line `replayd tail` prints: an event or a gap.
+type tailLine struct {
+	Sequence int64            `json:"sequence,omitempty"`
+	Type     string           `json:"type,omitempty"`
+	Topic    *json.RawMessage `json:"topic,omitempty"` // null: a broadcast; absent: not carried
+	Data     json.RawMessage  `json:"data,omitempty"`
+	Gap      *tailGap         `json:"gap,omitempty"`
+}
+
+// tailGap is a gap's line.
+type tailGap struct {
+	Reason  string `json:"reason"`
+	From    *int64 `json:"from,omitempty"`
+	Through *int64 `json:"through,omitempty"`
+	Count   *int64 `json:"count,omitempty"`
+}
+
+// lineOf renders m as one line, newline included.
+func lineOf(m client.Message) []byte {
+	var l tailLine
+	switch {
+	case m.Event != nil:
+		e := m.Event
+		l.Sequence, l.Type, l.Data = e.ID, e.Type, e.Data
+		if !json.Valid(l.Data) {
+			l.Data, _ = json.Marshal(string(e.Data))
+		}
+		if e.HasTopic {
+			t := json.RawMessage("null")
+			if e.Topic != "" {
+				t, _ = json.Marshal(e.Topic)
+			}
+			l.Topic = &t
+		}
+	case m.Gap != nil:
+		g := m.Gap
+		l.Gap = &tailGap{Reason: g.Reason, From: g.MissedFrom, Through: g.MissedThrough, Count: g.Missed}
+	}
+	b, _ := json.Marshal(l)
+	return append(b, '\n')
+}
+
+// tailConfig is `replayd tail`'s command line.
+type tailConfig struct {
+	events, poll string
+	transport    client.Transport
+	topics       []string
+	cursor       int64
+	token        string
+	state        string
+}
+
+func parseTail(args []string) (tailConfig, error) {
+	var c tailConfig
+	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
+	var topics multiFlag
+	fs.Var(&topics, "topic", "a topic of the scope (repeatable; none: every event)")
+	fs.Int64Var(&c.cursor, "cursor", 0, "start after this sequence when there is no state yet (0: the beginning; -1: the head)")
+	transport := fs.String("transport", "auto", "sse, poll or auto")
+	fs.StringVar(&c.token, "token", "", "a subscriber token, sent as a Bearer header")
+	fs.StringVar(&c.state, "state", "", "a file keeping the cursor across runs")
+	fs.StringVar(&c.events, "events", "", "the SSE endpoint's URL (default: URL/events)")
+	fs.StringVar(&c.poll, "poll", "", "the poll endpoint's URL (default: URL/poll)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return c, errors.New(flagError(err))
+	}
+	c.topics = topics
+	switch client.Transport(*transport) {
+	case client.SSE, client.Poll, client.Auto:
+		c.transport = client.Transport(*transport)
+	default:
+		return c, fmt.Errorf("--transport %q: want sse, poll or auto", *transport)
+	}
+	if c.cursor < -1 {
+		return c, fmt.Errorf("--cursor %d: want a sequence, or -1 for the head", c.cursor)
+	}
+	if len(pos) > 1 {
+		return c, fmt.Errorf("unexpected argument %q", pos[1])
+	}
+	if len(pos) == 1 {
+		base, err := url.Parse(pos[0])
+		if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+			return c, fmt.Errorf("URL %q: want http(s)://host[:port][/path]", pos[0])
+		}
+		b := strings.TrimSuffix(pos[0], "/")
+		if c.events == "" {
+			c.events = b + "/events"
+		}
+		if c.poll == "" {
+			c.poll = b + "/poll"
+		}
+	}
+	if c.events == "" && c.poll == "" {
+		return c, errors.New("URL: missing (replayd tail URL [flags])")
+	}
+	if c.transport == client.SSE && c.events == "" {
+		return c, errors.New("--transport sse: needs URL or --events")
+	}
+	if c.transport == client.Poll && c.poll == "" {
+		return c, errors.New("--transport poll: needs URL or --poll")
+	}
+	if c.transport == client.Auto && (c.events == "" || c.poll == "") {
+		return c, errors.New("--transport auto: needs URL, or both --events and --poll")
+	}
+	return c, nil
+}
+
+// tail runs `replayd tail`: every line written to stdout, then its
+// sequence saved in the state file, until SIGINT or SIGTERM.
+func tail(args []string, stdout, stderr io.Writer) int {
+	c, err := parseTail(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "replayd tail: %v\n", err)
+		return 2
+	}
+	cursor := c.cursor
+	if c.state != "" {
+		s, ok, err := loadState(c.state)
+		if err != nil {
+			fmt.Fprintf(stderr, "replayd tail: --state: %v\n", err)
+			return 1
+		}
+		if ok {
+			cursor = s.Cursor
+		}
+	}
+	opts := client.Options{Transport: c.transport, Topics: c.topics, Cursor: cursor}
+	if c.transport != client.Poll {
+		opts.SSE = c.events
+	}
+	if c.transport != client.SSE {
+		opts.Poll = c.poll
+	}
+	if c.token != "" {
+		opts.Header = func(_ context.Context, h http.Header) error {
+			h.Set("Authorization", "Bearer "+c.token)
+			return nil
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	cl := client.New(opts)
+	save := func(n int64) error {
+		if c.state == "" || n < 0 {
+			return nil
+		}
+		return saveState(c.state, tailState{Cursor: n})
+	}
+	err = cl.Run(ctx, func(m client.Message) error {
+		// stdout is not buffered: the line is out of the process when
+		// Write returns, before the state says so.
+		if _, err := stdout.Write(lineOf(m)); err != nil {
+			return fmt.Errorf("stdout: %w", err)
+		}
+		switch {
+		case m.Event != nil:
+			return save(m.Event.ID)
+		case m.Gap != nil && m.Gap.MissedThrough != nil && (m.Gap.Reason == "replay_limit" || m.Gap.Reason == "pruned"):
+			// The events after the missed range follow: a restart goes on
+			// there, not to the same gap again.
+			return save(*m.Gap.MissedThrough)
+		}
+		return nil // an unknown_cursor gap: the next event, or the exit, saves the cursor it moved
+	})
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		if err := save(cl.Cursor()); err != nil {
+			fmt.Fprintf(stderr, "replayd tail: --state: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintf(stderr, "replayd tail: %v\n", err)
+	return 1
+}
