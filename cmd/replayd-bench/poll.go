@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -449,20 +450,36 @@ func (b *bench) pollRateHub(ctx context.Context) (pollLoad, []byte, error) {
 		return pollLoad{}, nil, err
 	}
 	defer srv.stop()
-	var pr publishResult
-	if err := srv.ctl(ctx, fmt.Sprintf("/ctl/publish?n=%d&conc=64&topic=p", x.PollBacklog), &pr); err != nil {
-		return pollLoad{}, nil, err
-	}
-	if pr.Errors > 0 {
-		return pollLoad{}, nil, fmt.Errorf("%d publishes failed: %s", pr.Errors, pr.FirstErr)
-	}
 	c, err := dialPoll(ctx, srv.addr)
 	if err != nil {
 		return pollLoad{}, nil, err
 	}
+	// The backlog's sequences start above the head of the new log, which
+	// its open raised to the clock (the sequence floor): a fresh poll
+	// names it.
+	fresh, err := c.get("/poll?topic=p")
+	if err != nil {
+		c.close()
+		return pollLoad{}, nil, err
+	}
+	var first struct{ Head int64 }
+	if err := json.Unmarshal(fresh, &first); err != nil {
+		c.close()
+		return pollLoad{}, nil, fmt.Errorf("fresh poll: %w", err)
+	}
+	base := first.Head
+	var pr publishResult
+	if err := srv.ctl(ctx, fmt.Sprintf("/ctl/publish?n=%d&conc=64&topic=p", x.PollBacklog), &pr); err != nil {
+		c.close()
+		return pollLoad{}, nil, err
+	}
+	if pr.Errors > 0 {
+		c.close()
+		return pollLoad{}, nil, fmt.Errorf("%d publishes failed: %s", pr.Errors, pr.FirstErr)
+	}
 	// The body the raw ceiling will answer: a page from the middle of the
 	// backlog.
-	body, err := c.get(fmt.Sprintf("/poll?topic=p&limit=%d&cursor=%d", x.PollLimit, pr.Published/2))
+	body, err := c.get(fmt.Sprintf("/poll?topic=p&limit=%d&cursor=%d", x.PollLimit, base+pr.Published/2))
 	body = bytes.Clone(body)
 	c.close()
 	if err != nil {
@@ -479,7 +496,7 @@ func (b *bench) pollRateHub(ctx context.Context) (pollLoad, []byte, error) {
 		pubDone <- srv.ctl(pubCtx, fmt.Sprintf("/ctl/publish?n=%d&rate=%d&conc=4&topic=p", n, x.PollRate), nil)
 	}()
 	backlog := pr.Published
-	load := b.pollLoadRun(ctx, srv, "hub", x.PollClients, func(i int) int64 { return int64(i) * backlog / int64(x.PollClients) },
+	load := b.pollLoadRun(ctx, srv, "hub", x.PollClients, func(i int) int64 { return base + int64(i)*backlog/int64(x.PollClients) },
 		func(cursor int64) string {
 			return "/poll?topic=p&limit=" + strconv.Itoa(x.PollLimit) + "&cursor=" + strconv.FormatInt(cursor, 10)
 		})
