@@ -13,11 +13,11 @@ cd "$(dirname "$0")/.."
 root=$PWD
 export PATH="$PATH:/usr/local/go/bin"
 
-# The released modules: the root and every nested module but the examples
-# and internal ones.
+# The released modules: the root and every nested module but the examples,
+# the internal ones and the interop harness.
 mods=(.)
 for m in $(git ls-files '*/go.mod' | xargs -n1 dirname); do
-  case "$m" in examples/* | internal/* | .ci/*) ;; *) mods+=("$m") ;; esac
+  case "$m" in examples/* | internal/* | .ci/* | interop) ;; *) mods+=("$m") ;; esac
 done
 
 if grep -n '^[[:space:]]*replace\b' $(git ls-files '*go.mod') /dev/null; then
