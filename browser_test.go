@@ -33,6 +33,11 @@ import (
 // browserWait bounds every wait on the browser.
 const browserWait = 20 * time.Second
 
+// browserStartWait bounds Chromium's start. It is longer than browserWait:
+// in a plain `go test ./...` other packages' tests share the machine's
+// cores, and a cold Chromium was seen to need over 20 s there.
+const browserStartWait = 60 * time.Second
+
 // browserRetry is the SSE retry the tests' hubs send, so the browser
 // reconnects quickly.
 const browserRetry = 200 * time.Millisecond
@@ -127,7 +132,7 @@ func browserStart(t *testing.T) context.Context {
 	// profile is removed once the browser is gone, retrying while its
 	// child processes finish writing, before t.TempDir's own cleanup.
 	t.Cleanup(func() { browserRemoveAll(t, dataDir) })
-	ctx, stop, err := headless.Start(execPath, dataDir, t.Logf, browserWait)
+	ctx, stop, err := headless.Start(execPath, dataDir, t.Logf, browserStartWait)
 	if err != nil {
 		t.Fatal(err)
 	}
