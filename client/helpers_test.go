@@ -169,7 +169,13 @@ func (r *recorder) handle(m client.Message) error {
 // seq (or a gap naming it), failing the test after wiretest.WaitFor.
 func (r *recorder) waitFor(t *testing.T, seq int64) {
 	t.Helper()
-	timer := time.NewTimer(wiretest.WaitFor)
+	r.waitForWithin(t, seq, wiretest.WaitFor)
+}
+
+// waitForWithin is waitFor with its own bound.
+func (r *recorder) waitForWithin(t *testing.T, seq int64, bound time.Duration) {
+	t.Helper()
+	timer := time.NewTimer(bound)
 	defer timer.Stop()
 	for {
 		r.mu.Lock()
