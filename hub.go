@@ -120,7 +120,10 @@ type SSEOptions struct {
 	// and a poll gets 503 with Retry-After.
 	MaxConnections int
 	// OverloadRetry is the base of the reconnect delay told to a client
-	// refused by MaxConnections: drawn between 1x and 2x of it; default 5s.
+	// refused by MaxConnections, and to a poll that reaches a closed hub
+	// or a log that cannot be read (Retry-After): drawn between 1x and 2x
+	// of it, so that refused clients do not all come back at once;
+	// default 5s.
 	OverloadRetry time.Duration
 	// DetachConnections serves each HTTP/1.1 stream on the connection
 	// itself, taken over from net/http (http.Hijacker) once the request is

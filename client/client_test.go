@@ -227,11 +227,7 @@ func TestAuth(t *testing.T) {
 			r.waitFor(t, evs[1].Sequence)
 			s.restart() // a reconnect: the hook again
 			more := s.publish(1, "a")
-			// Known issue: after a restart the poll transport has been
-			// seen taking several PollWait rounds (6-10 s under -race) to
-			// hand this event over; the bound is wider than waitFor's
-			// until that is understood and fixed.
-			r.waitForWithin(t, more[0].Sequence, 30*time.Second)
+			r.waitFor(t, more[0].Sequence)
 			stop()
 			if calls < 2 {
 				t.Fatalf("Header called %d times, want one per request", calls)

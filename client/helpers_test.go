@@ -45,6 +45,12 @@ type server struct {
 
 func newServer(t testing.TB, opts replayd.Options) *server {
 	t.Helper()
+	if opts.SSE.OverloadRetry == 0 {
+		// A request that lands on a closing hub (restart) is told to
+		// retry after 1x-2x OverloadRetry, as an overloaded one is; the
+		// default, 5 s, would make every restart cost the test 5-10 s.
+		opts.SSE.OverloadRetry = 100 * time.Millisecond
+	}
 	s := &server{t: t, path: filepath.Join(t.TempDir(), "events.db"), opts: opts}
 	s.open()
 	mux := http.NewServeMux()
@@ -169,13 +175,7 @@ func (r *recorder) handle(m client.Message) error {
 // seq (or a gap naming it), failing the test after wiretest.WaitFor.
 func (r *recorder) waitFor(t *testing.T, seq int64) {
 	t.Helper()
-	r.waitForWithin(t, seq, wiretest.WaitFor)
-}
-
-// waitForWithin is waitFor with its own bound.
-func (r *recorder) waitForWithin(t *testing.T, seq int64, bound time.Duration) {
-	t.Helper()
-	timer := time.NewTimer(bound)
+	timer := time.NewTimer(wiretest.WaitFor)
 	defer timer.Stop()
 	for {
 		r.mu.Lock()
