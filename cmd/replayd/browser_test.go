@@ -18,25 +18,8 @@ import (
 // Runs with REPLAYD_BROWSER_TESTS=1 (Chromium at /usr/bin/chromium or
 // $REPLAYD_CHROMIUM).
 func TestBrowserModuleWithTokens(t *testing.T) {
-	if os.Getenv("REPLAYD_BROWSER_TESTS") != "1" {
-		t.Skip("set REPLAYD_BROWSER_TESTS=1 to run the Chromium tests")
-	}
-	exe := os.Getenv("REPLAYD_CHROMIUM")
-	if exe == "" {
-		exe = "/usr/bin/chromium"
-	}
+	tab := chromium(t)
 	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "b.db")), "--retry", "100ms")...)
-	profile, err := os.MkdirTemp("", "replayd-chromium")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(profile) })
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), chromedp.ExecPath(exe),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck, chromedp.Flag("disable-dev-shm-usage", true), chromedp.UserDataDir(profile))
-	t.Cleanup(cancelAlloc)
-	tab, cancelTab := chromedp.NewContext(alloc)
-	t.Cleanup(cancelTab)
 	// The page's params give a token that expires in 2 s, then fresh ones.
 	short := token(t, time.Now().Add(2*time.Second), "room-*")
 	fresh := token(t, farFuture(), "room-*")
@@ -60,23 +43,7 @@ func TestBrowserModuleWithTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []int64{first}
-	waitGot := func(what string) {
-		t.Helper()
-		deadline := time.Now().Add(waitFor)
-		for {
-			got, err := chromedp.Run(ctx, chromedp.Evaluate[[]int64](`window.got`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if slices.Equal(got, want) {
-				return
-			}
-			if len(got) > len(want) || time.Now().After(deadline) {
-				t.Fatalf("%s: the page got %v, want %v", what, got, want)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	waitGot := func(what string) { t.Helper(); pageGot(t, ctx, what, want) }
 	waitGot("the replay")
 	want = append(want, publish(t, d.base, "room-1", "b1", 1).Sequence)
 	waitGot("a live event")
@@ -91,4 +58,95 @@ func TestBrowserModuleWithTokens(t *testing.T) {
 	if err != nil || tokens < 2 {
 		t.Fatalf("the page asked params %d times (%v), want a fresh token after the expiry", tokens, err)
 	}
+}
+
+// chromium starts a headless Chromium for the test and returns its tab;
+// without REPLAYD_BROWSER_TESTS=1 the test is skipped.
+func chromium(t *testing.T) context.Context {
+	t.Helper()
+	if os.Getenv("REPLAYD_BROWSER_TESTS") != "1" {
+		t.Skip("set REPLAYD_BROWSER_TESTS=1 to run the Chromium tests")
+	}
+	exe := os.Getenv("REPLAYD_CHROMIUM")
+	if exe == "" {
+		exe = "/usr/bin/chromium"
+	}
+	profile, err := os.MkdirTemp("", "replayd-chromium")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(profile) })
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), chromedp.ExecPath(exe),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck, chromedp.Flag("disable-dev-shm-usage", true), chromedp.UserDataDir(profile))
+	t.Cleanup(cancelAlloc)
+	tab, cancelTab := chromedp.NewContext(alloc)
+	t.Cleanup(cancelTab)
+	return tab
+}
+
+// pageGot waits until the page's window.got holds exactly want, failing
+// the test if it holds more, or not within waitFor.
+func pageGot(t *testing.T, ctx context.Context, what string, want []int64) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[[]int64](`window.got`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Equal(got, want) {
+			return
+		}
+		if len(got) > len(want) || time.Now().After(deadline) {
+			t.Fatalf("%s: the page got %v, want %v", what, got, want)
+		}
+		time.Sleep(50 * time.Millisecond) // the page gives no signal to Go
+	}
+}
+
+// Chromium, with its token in the replayd_token cookie and the browser
+// module given no token at all: the page replaces the cookie with a fresh
+// token while its stream is open; the stream ends when the old token
+// expires, and the EventSource's own reconnect (its URL unchanged, the
+// browser's current cookie) resumes with nothing lost, nothing twice.
+func TestBrowserCookieTokenRefreshed(t *testing.T) {
+	tab := chromium(t)
+	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "k.db")), "--retry", "100ms")...)
+	exp := time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
+	short, fresh := token(t, exp, "room-*"), token(t, farFuture(), "room-*")
+	first := publish(t, d.base, "room-1", "k0", 0).Sequence
+	ctx, cancel := context.WithTimeout(tab, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(d.base+"/healthz")); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf(`(async () => {
+		document.cookie = "replayd_token=%s; path=/; SameSite=Strict";
+		const { subscribe } = await import("/replayd.js");
+		window.got = [];
+		subscribe({sse: "/events", transport: "sse", topics: ["room-1"], cursor: %d,
+			onEvent(ev) { window.got.push(ev.id); }});
+		return true;
+	})()`, short, first-1)
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](script, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatal(err)
+	}
+	want := []int64{first}
+	pageGot(t, ctx, "the replay", want)
+	want = append(want, publish(t, d.base, "room-1", "k1", 1).Sequence)
+	pageGot(t, ctx, "a live event", want)
+	refresh := fmt.Sprintf(`(() => { document.cookie = "replayd_token=%s; path=/; SameSite=Strict"; return true; })()`, fresh)
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](refresh)); err != nil {
+		t.Fatal(err)
+	}
+	// Publish only after the old token's expiry, so the events cannot go
+	// out on the old stream.
+	time.Sleep(time.Until(exp.Add(time.Second)))
+	for i := range 3 {
+		want = append(want, publish(t, d.base, "room-1", fmt.Sprint("k", i+2), i).Sequence)
+	}
+	// They come on a new stream: the old one ended at the expiry, and
+	// only the fresh cookie opens one now.
+	pageGot(t, ctx, "events after the old token expired", want)
 }

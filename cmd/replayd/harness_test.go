@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/replayd/replayd/internal/testenv"
 )
 
 // The tests run the built binary as a child process, as an operator does,
@@ -42,6 +43,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	testenv.Report("cmd/replayd")
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

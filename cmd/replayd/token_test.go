@@ -9,9 +9,13 @@ import (
 	"encoding/pem"
 	"fmt"
 	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,6 +191,99 @@ func testTokenExpiresMidStream(t *testing.T, extra []string) {
 	c.Hello()
 	for _, seq := range want {
 		c.NextIs(seq, "an event published while the token was renewed")
+	}
+	c.Quiet(300 * time.Millisecond)
+}
+
+// A browser that holds its token in the replayd_token cookie: the page's
+// backend (another port of the same host, so the same cookie) replaces the
+// cookie with a fresh token while the stream is open; the stream still ends
+// when the token it was opened with expires, and the reconnect, as an
+// EventSource makes it (same URL, Last-Event-ID, the cookie jar's current
+// cookie), resumes with everything published meanwhile, nothing twice.
+func TestTokenCookieRefreshed(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) { testTokenCookieRefreshed(t, mode.args) })
+	}
+}
+
+func testTokenCookieRefreshed(t *testing.T, extra []string) {
+	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "c.db")), extra...)...)
+	exp := time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
+	short, fresh := token(t, exp, "room-*"), token(t, farFuture(), "room-*")
+	var current atomic.Value // the token the backend hands out
+	current.Store(short)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.SetCookie(w, &http.Cookie{Name: "replayd_token", Value: current.Load().(string), Path: "/",
+			HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	}))
+	defer backend.Close()
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	browser := &http.Client{Jar: jar}
+	visit := func(path string) {
+		t.Helper()
+		resp, err := browser.Get(backend.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	cookie := func() string {
+		u, _ := url.Parse(d.base)
+		for _, c := range jar.Cookies(u) {
+			if c.Name == "replayd_token" {
+				return c.Value
+			}
+		}
+		return ""
+	}
+	visit("/login")
+	if cookie() != short {
+		t.Fatal("the backend's cookie is not sent to the server's port")
+	}
+
+	first := publish(t, d.base, "room-1", "c0", 0)
+	events := d.base + "/events?topic=room-1" // the URL carries no token
+	c, status := wiretest.DialClientStatus(t, browser, events, wiretest.LastID(first.Sequence-1))
+	if status != http.StatusOK {
+		t.Fatalf("the stream with the cookie: %d", status)
+	}
+	c.Hello()
+	c.NextIs(first.Sequence, "the replayed event")
+	second := publish(t, d.base, "room-1", "c1", 1)
+	c.NextIs(second.Sequence, "a live event")
+	// The page refreshes its cookie before the token expires.
+	current.Store(fresh)
+	visit("/refresh")
+	if cookie() != fresh {
+		t.Fatal("the cookie was not replaced")
+	}
+	c.Ended("the stream of an expiring token, its cookie since replaced")
+	if left := time.Until(exp); left > 0 {
+		t.Errorf("the stream ended %v before its token expired", left)
+	}
+	if late := time.Since(exp); late > 5*time.Second {
+		t.Errorf("the stream ended %v after its token expired", late)
+	}
+	var want []int64
+	for i := 2; i < 5; i++ {
+		want = append(want, publish(t, d.base, "room-1", fmt.Sprintf("c%d", i), i).Sequence)
+	}
+	// The old cookie no longer serves: a page that did not refresh its
+	// cookie in time is refused, not served a stream that ends at once.
+	if _, status := wiretest.DialStatus(t, events, http.Header{"Cookie": {"replayd_token=" + short}, "Last-Event-ID": {fmt.Sprint(second.Sequence)}}); status != http.StatusUnauthorized {
+		t.Errorf("the expired cookie: %d, want 401", status)
+	}
+	c, status = wiretest.DialClientStatus(t, browser, events, wiretest.LastID(second.Sequence))
+	if status != http.StatusOK {
+		t.Fatalf("the reconnect with the fresh cookie: %d", status)
+	}
+	c.Hello()
+	for _, seq := range want {
+		c.NextIs(seq, "an event published while the stream was down")
 	}
 	c.Quiet(300 * time.Millisecond)
 }
