@@ -26,7 +26,9 @@ import (
 // from loopback source addresses no other client uses, at most perSource
 // connections each. Measured for all connections together: connect +
 // hello, RSS (servers and clients apart), heartbeat CPU, and the delivery
-// latency of broadcasts published in the first server.
+// latency of broadcasts published in the first server. The raw ceiling
+// (raw.go) runs the same way, with no log: a broadcast is published in
+// every raw server at once, so it has no tail to wait for.
 
 // multiConfig sizes the c100k-multi phase; the heartbeat interval, CPU
 // window and broadcasts are the c100k phase's.
@@ -62,6 +64,7 @@ type multiResult struct {
 	srvCPU, cliCPU                             float64 // CPU seconds per minute over the heartbeat window
 	beats                                      float64 // heartbeats sent in the window
 	broadcasts                                 int
+	bcSrvCPU, bcCliCPU                         float64   // CPU seconds per broadcast
 	all, last                                  histogram // µs: every delivery; each broadcast's last
 	err                                        error
 }
@@ -84,9 +87,6 @@ func (b *bench) c100kMultiPhase(ctx context.Context) error {
 	results := map[string]*multiResult{}
 	for _, mode := range b.cfg.C100k.Modes {
 		mode = strings.TrimSpace(mode)
-		if mode == "raw" {
-			continue // the raw ceiling shares no log between processes
-		}
 		ctx, cancel := context.WithTimeout(ctx, mc.Deadline)
 		res := &multiResult{procs: procs}
 		if err := b.multiOnce(ctx, res, mode, n, procs); err != nil {
@@ -96,36 +96,38 @@ func (b *bench) c100kMultiPhase(ctx context.Context) error {
 		results[mode] = res
 		b.logf("c100k-multi %s: connect %v, err %v", mode, res.connect, res.err)
 	}
-	det, hub := results["detach"], results["hub"]
+	det, hub, raw := results["detach"], results["hub"], results["raw"]
 	title := func(what string) string {
 		return fmt.Sprintf("c100k-multi, %s connections (%d server + %d client processes, one SQLite file, StartTail %v): %s",
 			num(float64(n)), procs, procs, mc.Tail, what)
 	}
-	both := func(f func(r *multiResult) string) string {
-		one := func(r *multiResult) string {
-			switch {
-			case r == nil || (!r.ran && r.err == nil):
-				return "not run"
-			case r.err != nil:
-				return "error: " + r.err.Error()
-			}
-			return f(r)
+	one := func(r *multiResult, f func(r *multiResult) string) string {
+		switch {
+		case r == nil || (!r.ran && r.err == nil):
+			return "not run"
+		case r.err != nil:
+			return "error: " + r.err.Error()
 		}
-		return "detach: " + one(det) + "; today's path: " + one(hub)
+		return f(r)
+	}
+	both := func(f func(r *multiResult) string) string {
+		return "detach: " + one(det, f) + "; today's path: " + one(hub, f)
 	}
 	ok := func(r *multiResult) bool { return r != nil && r.ran && r.err == nil }
 	mib := func(kib int64) string { return fmt.Sprintf("%s MiB", num(float64(kib)/1024)) }
 	per := func(kib int64) string { return fmt.Sprintf("%.1f KiB", float64(kib)/float64(n)) }
 
+	connect := func(r *multiResult) string { return r.connect.Round(time.Millisecond).String() }
 	b.add(row{Figure: title("connect + hello, all"), Target: "≤ 60 s at 100,000",
-		Replayd: both(func(r *multiResult) string { return r.connect.Round(time.Millisecond).String() }),
-		Status:  statusAt(ok(det) && det.connect <= 60*time.Second, n)})
+		Replayd: both(connect), Raw: "raw: " + one(raw, connect),
+		Status: statusAt(ok(det) && det.connect <= 60*time.Second, n)})
+	rss := func(r *multiResult) string {
+		return fmt.Sprintf("servers %s in all, %s per stream over their idle %s (Go heap %.1f + stacks %.1f KiB; after heartbeats and broadcasts %s); clients %s in all, %s per stream; kernel slab +%s (machine-wide, both ends)",
+			mib(r.srvRSS), per(r.srvRSS-r.srvBase), mib(r.srvBase), r.srvHeap/1024, r.srvStack/1024, per(r.srvAfter-r.srvBase),
+			mib(r.cliRSS), per(r.cliRSS-r.cliBase), mib(r.slab>>10))
+	}
 	b.add(row{Figure: title("RSS after GC, servers and clients"), Target: "≤ 12 KiB per stream (detach)",
-		Replayd: both(func(r *multiResult) string {
-			return fmt.Sprintf("servers %s in all, %s per stream over their idle %s (Go heap %.1f + stacks %.1f KiB; after heartbeats and broadcasts %s); clients %s in all, %s per stream; kernel slab +%s (machine-wide, both ends)",
-				mib(r.srvRSS), per(r.srvRSS-r.srvBase), mib(r.srvBase), r.srvHeap/1024, r.srvStack/1024, per(r.srvAfter-r.srvBase),
-				mib(r.cliRSS), per(r.cliRSS-r.cliBase), mib(r.slab>>10))
-		}),
+		Replayd: both(rss), Raw: "raw: " + one(raw, rss),
 		Status: statusAt(ok(det) && float64(det.srvRSS-det.srvBase)*1024/float64(n) <= 12<<10, n)})
 	b.add(row{Figure: title(fmt.Sprintf("heartbeat CPU (interval %v), all processes", b.cfg.C100k.Heartbeat)),
 		Replayd: both(func(r *multiResult) string {
@@ -135,14 +137,22 @@ func (b *bench) c100kMultiPhase(ctx context.Context) error {
 			}
 			return fmt.Sprintf("servers %.2f CPU-s/min (%.2f%% of a core; tails alone %.2f CPU-s/min; %.1f µs per heartbeat), clients %.2f CPU-s/min",
 				r.srvCPU, r.srvCPU/60*100, r.idleCPU, us, r.cliCPU)
+		}),
+		Raw: "raw (no heartbeats, no tail): " + one(raw, func(r *multiResult) string {
+			return fmt.Sprintf("servers %.2f CPU-s/min (%.2f before the clients), clients %.2f CPU-s/min", r.srvCPU, r.idleCPU, r.cliCPU)
 		})})
+	deliveries := func(r *multiResult) string {
+		return fmt.Sprintf("every delivery p50 %s, p99 %s, max %s (%d broadcasts); the last delivery of each p50 %s, max %s; CPU per broadcast: servers %.2f s, clients %.2f s",
+			ms(r.all.quantile(0.5)), ms(r.all.quantile(0.99)), ms(r.all.maximum()), r.broadcasts, ms(r.last.quantile(0.5)), ms(r.last.maximum()), r.bcSrvCPU, r.bcCliCPU)
+	}
 	bc := row{Figure: title("one broadcast (published in server 1) reaching all"), Target: "p99 ≤ 1 s at 100,000",
-		Replayd: both(func(r *multiResult) string {
-			return fmt.Sprintf("every delivery p50 %s, p99 %s, max %s (%d broadcasts); the last delivery of each p50 %s, max %s",
-				ms(r.all.quantile(0.5)), ms(r.all.quantile(0.99)), ms(r.all.maximum()), r.broadcasts, ms(r.last.quantile(0.5)), ms(r.last.maximum()))
-		})}
+		Replayd: both(deliveries), Raw: "raw (no log; published in every server at once): " + one(raw, deliveries)}
 	if ok(det) {
 		bc.Status = statusAt(det.all.quantile(0.99) <= 1_000_000, n)
+		if ok(raw) {
+			_, bc.Ratio = ratio(float64(det.all.quantile(0.99)), float64(raw.all.quantile(0.99)))
+			bc.Ratio = "p99 detach/raw " + bc.Ratio
+		}
 	}
 	b.add(bc)
 	return nil
@@ -158,15 +168,22 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 	var clients []*clientProc
 	defer func() { stopAll(servers, clients) }()
 
+	heartbeat := cfg.Heartbeat
+	if mode == "raw" {
+		heartbeat = -1
+	}
 	// One after the other: the first creates the schema.
 	for i := range procs {
-		srv, err := startServer(ctx, serverConfig{Mode: mode, DB: db, Heartbeat: cfg.Heartbeat, Deadline: life})
+		srv, err := startServer(ctx, serverConfig{Mode: mode, DB: db, Heartbeat: heartbeat, Deadline: life})
 		if err != nil {
 			return fmt.Errorf("server %d: %w", i+1, err)
 		}
 		servers = append(servers, srv)
 	}
 	if err := parallel(procs, func(i int) error {
+		if mode == "raw" {
+			return nil
+		}
 		return servers[i].ctl(ctx, "/ctl/tail?interval="+mc.Tail.String(), nil)
 	}); err != nil {
 		return err
@@ -283,16 +300,33 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 
 	// Broadcasts: one event on topic "" published in the first server
 	// reaches the others' streams through their tails.
+	publishers := servers[:1]
+	if mode == "raw" {
+		publishers = servers
+	}
 	for range cfg.Broadcasts {
 		if err := parallel(procs, func(j int) error { return clients[j].call(ctx, "arm", "ARMED", nil) }); err != nil {
 			return err
 		}
-		var pr publishResult
-		if err := servers[0].ctl(ctx, "/ctl/publish?n=1&topic=", &pr); err != nil {
+		s0, err := srvStats(0)
+		if err != nil {
 			return err
 		}
-		if pr.Errors > 0 {
-			return fmt.Errorf("publish: %s", pr.FirstErr)
+		k0, err := cliStats(0)
+		if err != nil {
+			return err
+		}
+		if err := parallel(len(publishers), func(i int) error {
+			var pr publishResult
+			if err := publishers[i].ctl(ctx, "/ctl/publish?n=1&topic=", &pr); err != nil {
+				return err
+			}
+			if pr.Errors > 0 {
+				return fmt.Errorf("publish: %s", pr.FirstErr)
+			}
+			return nil
+		}); err != nil {
+			return err
 		}
 		got := make([]clientGot, procs)
 		wait := 30 * time.Second
@@ -302,6 +336,16 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 		if err := parallel(procs, func(j int) error { return clients[j].call(ctx, "wait "+wait.String(), "GOT", &got[j]) }); err != nil {
 			return err
 		}
+		s1, err := srvStats(0)
+		if err != nil {
+			return err
+		}
+		k1, err := cliStats(0)
+		if err != nil {
+			return err
+		}
+		out.bcSrvCPU += perMinute(s0, s1, time.Minute) / float64(cfg.Broadcasts)
+		out.bcCliCPU += perMinute(k0, k1, time.Minute) / float64(cfg.Broadcasts)
 		h := &histogram{}
 		for j, g := range got {
 			if g.Got < int64(shares[j]) {

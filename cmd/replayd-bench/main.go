@@ -114,6 +114,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	phases := fs.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	conns := fs.Int("conns", 0, "connections in the c100k and c100k-multi phases (default: the size's)")
+	tail := fs.Duration("tail-interval", 0, "StartTail interval of the tail and c100k-multi phases (default: the size's)")
 	procs := fs.Int("procs", 0, "server processes (and as many client processes) in the c100k-multi phase (default: the size's; full: as few as the open-file limit allows)")
 	fanout := fs.String("fanout-clients", "", "client counts of the fan-out phase, comma-separated (default: the size's)")
 	modes := fs.String("c100k-modes", "raw,hub,detach", "servers measured by the c100k phases, in order (c100k-multi skips raw)")
@@ -132,6 +133,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *conns > 0 {
 		cfg.C100k.Conns = *conns
 		cfg.multi.Conns = *conns
+	}
+	if *tail > 0 {
+		cfg.TailInterval = *tail
+		cfg.multi.Tail = *tail
 	}
 	if *procs > 0 {
 		cfg.multi.Procs = *procs
