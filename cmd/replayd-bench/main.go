@@ -16,6 +16,9 @@
 // per measurement), drives it over HTTP control endpoints, and stops it by
 // closing its stdin. Every phase has a hard deadline, and a server child
 // exits on its own if the orchestrator disappears or its deadline passes.
+// The c100k-multi phase (c100kmulti.go) goes past one process's open-file
+// limit: several server processes sharing one SQLite file, and as many
+// client processes (this executable again, in the client role).
 // BENCHMARKS.md has the current figures; git show 60f0bd1:BENCHMARKS.md
 // explains each phase's method in full.
 package main
