@@ -329,8 +329,21 @@ type leanFleet struct {
 // dialLean opens n streams at addr, parallel handshakes at a time, over
 // several source addresses, and waits for every hello.
 func dialLean(ctx context.Context, addr string, n, parallel int) (*leanFleet, error) {
+	return dialLeanFrom(ctx, addr, n, parallel, sourceIPs(2, sources(n)))
+}
+
+// sourceIPs is count loopback addresses from 127.0.0.first on.
+func sourceIPs(first, count int) []net.IP {
+	ips := make([]net.IP, count)
+	for i := range ips {
+		ips[i] = net.IPv4(127, 0, byte((first+i)>>8), byte(first+i))
+	}
+	return ips
+}
+
+// dialLeanFrom is dialLean with connection i from srcs[i%len(srcs)].
+func dialLeanFrom(ctx context.Context, addr string, n, parallel int, srcs []net.IP) (*leanFleet, error) {
 	f := &leanFleet{conns: make([]net.Conn, n), want: int64(n), reached: make(chan struct{})}
-	src := sources(n)
 	sem := make(chan struct{}, parallel)
 	errc := make(chan error, n)
 	var dialing sync.WaitGroup
@@ -347,7 +360,7 @@ func dialLean(ctx context.Context, addr string, n, parallel int) (*leanFleet, er
 		go func() {
 			defer dialing.Done()
 			defer func() { <-sem }()
-			if err := f.dial(ctx, i, addr, src); err != nil {
+			if err := f.dial(ctx, i, addr, srcs[i%len(srcs)]); err != nil {
 				errc <- fmt.Errorf("connection %d: %w", i, err)
 			}
 		}()
@@ -361,8 +374,8 @@ func dialLean(ctx context.Context, addr string, n, parallel int) (*leanFleet, er
 	return f, nil
 }
 
-func (f *leanFleet) dial(ctx context.Context, i int, addr string, src int) error {
-	d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%src))}}
+func (f *leanFleet) dial(ctx context.Context, i int, addr string, src net.IP) error {
+	d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: src}}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err

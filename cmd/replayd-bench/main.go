@@ -16,6 +16,9 @@
 // per measurement), drives it over HTTP control endpoints, and stops it by
 // closing its stdin. Every phase has a hard deadline, and a server child
 // exits on its own if the orchestrator disappears or its deadline passes.
+// The c100k-multi phase (c100kmulti.go) goes past one process's open-file
+// limit: several server processes sharing one SQLite file, and as many
+// client processes (this executable again, in the client role).
 // BENCHMARKS.md has the current figures; git show 60f0bd1:BENCHMARKS.md
 // explains each phase's method in full.
 package main
@@ -46,6 +49,7 @@ func main() {
 // config is the size of every phase.
 type config struct {
 	extra         extraConfig   // the multitopic and poll phases (extra.go)
+	multi         multiConfig   // the c100k-multi phase (c100kmulti.go)
 	PublishDur    time.Duration // per publish-throughput measurement
 	Publishers    []int         // concurrent publishers
 	FanoutClients []int         // clients per fan-out measurement
@@ -112,9 +116,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	size := fs.String("size", "full", "sizes: full, quick or tiny")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated")
 	verbose := fs.Bool("v", false, "log progress to stderr")
-	conns := fs.Int("conns", 0, "connections in the c100k phase (default: the size's)")
+	conns := fs.Int("conns", 0, "connections in the c100k and c100k-multi phases (default: the size's)")
+	tail := fs.Duration("tail-interval", 0, "StartTail interval of the tail and c100k-multi phases (default: the size's)")
+	procs := fs.Int("procs", 0, "server processes (and as many client processes) in the c100k-multi phase (default: the size's; full: as few as the open-file limit allows)")
 	fanout := fs.String("fanout-clients", "", "client counts of the fan-out phase, comma-separated (default: the size's)")
-	modes := fs.String("c100k-modes", "raw,hub,detach", "servers measured by the c100k phase, in order")
+	modes := fs.String("c100k-modes", "raw,hub,detach", "servers measured by the c100k phases, in order (c100k-multi skips raw)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -126,8 +132,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unknown size %q", *size)
 	}
 	cfg.extra = extraSizes[*size]
+	cfg.multi = multiSizes[*size]
 	if *conns > 0 {
 		cfg.C100k.Conns = *conns
+		cfg.multi.Conns = *conns
+	}
+	if *tail > 0 {
+		cfg.TailInterval = *tail
+		cfg.multi.Tail = *tail
+	}
+	if *procs > 0 {
+		cfg.multi.Procs = *procs
 	}
 	cfg.C100k.Modes = strings.Split(*modes, ",")
 	if *fanout != "" {

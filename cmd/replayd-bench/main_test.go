@@ -35,7 +35,7 @@ func TestHarnessTiny(t *testing.T) {
 		t.Fatalf("run: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
 	}
 	t.Logf("tiny run took %v:\n%s", time.Since(start).Round(time.Millisecond), out.String())
-	for _, want := range []string{"publish, 1 publisher", "fan-out, 5 clients", "latency, 5 clients", "memory per idle connection", "DetachConnections", "c100k, 20 connections", "reconnect storm", "cross-process tail latency", "tail CPU while idle"} {
+	for _, want := range []string{"publish, 1 publisher", "fan-out, 5 clients", "latency, 5 clients", "memory per idle connection", "DetachConnections", "c100k, 20 connections", "reconnect storm", "cross-process tail latency", "tail CPU while idle", "c100k-multi, 400 connections (2 server + 2 client processes"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q", want)
 		}

@@ -48,7 +48,11 @@ type serverConfig struct {
 // runChild runs the role named by the environment, if any, and reports
 // whether it did; the caller then exits with code.
 func runChild() (code int, ran bool) {
-	if os.Getenv(roleEnv) != "server" {
+	switch os.Getenv(roleEnv) {
+	case "server":
+	case clientRole:
+		return runClientRole(), true
+	default:
 		return 0, false
 	}
 	var cfg serverConfig
@@ -154,6 +158,27 @@ func runServer(cfg serverConfig, stdin io.Reader, stdout io.Writer) error {
 	return nil
 }
 
+// selfStats is this process's procStats (Clients unset); gcs > 0 first
+// runs that many collections (each may halve an idle goroutine's stack),
+// then FreeOSMemory (one more).
+func selfStats(gcs int) procStats {
+	if gcs > 0 {
+		for range gcs {
+			runtime.GC()
+		}
+		debug.FreeOSMemory()
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return procStats{
+		RSSKiB:     rssKiB(),
+		CPUNanos:   int64(cpuTime()),
+		Goroutines: runtime.NumGoroutine(),
+		HeapInuse:  int64(ms.HeapInuse),
+		StackInuse: int64(ms.StackInuse),
+	}
+}
+
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
@@ -176,23 +201,7 @@ func queryDur(r *http.Request, name string, def time.Duration) time.Duration {
 // handleStats reports RSS, CPU and goroutines; ?gc=n first runs n GCs and
 // returns freed memory to the OS.
 func (s *server) handleStats(w http.ResponseWriter, r *http.Request) {
-	// ?gc=n runs n collections (each may halve an idle goroutine's stack),
-	// then FreeOSMemory (one more).
-	if n := queryInt(r, "gc", 0); n > 0 {
-		for range n {
-			runtime.GC()
-		}
-		debug.FreeOSMemory()
-	}
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	st := procStats{
-		RSSKiB:     rssKiB(),
-		CPUNanos:   int64(cpuTime()),
-		Goroutines: runtime.NumGoroutine(),
-		HeapInuse:  int64(ms.HeapInuse),
-		StackInuse: int64(ms.StackInuse),
-	}
+	st := selfStats(queryInt(r, "gc", 0))
 	if s.hub != nil {
 		for _, t := range s.hub.Clients().Snapshot() {
 			st.Clients += t.ActiveClients
