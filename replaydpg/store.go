@@ -206,6 +206,10 @@ type Store struct {
 	listenOnce sync.Once
 	listenDone chan struct{} // closed when the listener goroutine exits
 
+	outboxChannel string        // NOTIFY channel of the outbox (see outbox.go)
+	relayKick     chan struct{} // holds a token when the relay should look at the outbox
+	relayDone     chan struct{} // closed when the relay goroutine exits
+
 	mu      sync.Mutex
 	known   int64         // the highest head the listener has heard of
 	changed chan struct{} // closed and replaced whenever known may have moved
@@ -220,6 +224,7 @@ type queries struct {
 	newestSeqGlobal, newestSeqTopics                       string
 	pageGlobal, pageTopics                                 string
 	countGlobal, countTopics, pruneEdges, pruneBatch       string
+	txPublish, outboxAny, outboxTake, outboxDelete         string
 }
 
 // Open connects to dsn (a pgx connection string or URL), creates the schema
@@ -312,7 +317,12 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
 			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
 			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
+			txPublish: render(qTxPublish, p), outboxAny: render(qOutboxAny, p),
+			outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p),
 		},
+		outboxChannel: p + "outbox",
+		relayKick:     make(chan struct{}, 1),
+		relayDone:     make(chan struct{}),
 	}
 	// Name the listener's session, for pg_stat_activity.
 	name := "replayd listener"
@@ -326,6 +336,10 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("replaydpg: open: %w", err)
 	}
+	// The listener wakes the relay when an application's transaction
+	// that published commits; the relay moves those events into the log.
+	s.listenOnce.Do(func() { go s.listen() })
+	go s.relay()
 	return s, nil
 }
 
@@ -451,7 +465,7 @@ func (s *Store) raiseHead(ctx context.Context, tx pgx.Tx, floor bool) error {
 	return err
 }
 
-// Close stops the listener, if any, and closes the pool. Calls in progress
+// Close stops the listener and the relay, and closes the pool. Calls in progress
 // may fail; later calls return ErrClosed. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.mu.Lock()
@@ -464,6 +478,7 @@ func (s *Store) Close() error {
 	s.cancel()
 	s.listenOnce.Do(func() { close(s.listenDone) }) // never started: nothing to wait for
 	<-s.listenDone
+	<-s.relayDone
 	s.pool.Close()
 	return nil
 }
@@ -500,6 +515,15 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	if s.isClosed() {
 		return nil, ErrClosed
 	}
+	return s.appendVia(ctx, evs, s.sendAppend)
+}
+
+// sender sends an append's pipeline b and reads its results with read
+// (sendAppend; the relay's sends it inside its own transaction).
+type sender func(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error
+
+// appendVia is Append, its pipelines sent by send.
+func (s *Store) appendVia(ctx context.Context, evs []replayd.Event, send sender) ([]AppendResult, error) {
 	res := make([]AppendResult, len(evs))
 	var (
 		idx                  []int // res index of each row sent
@@ -542,12 +566,12 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	}
 	var err error
 	if !s.dedupAlways {
-		err = s.appendNew(ctx, res, idx, ids, types, topics, payloads, ranks, channel)
+		err = s.appendNew(ctx, send, res, idx, ids, types, topics, payloads, ranks, channel)
 	}
 	if s.dedupAlways || s.isStoredID(err) {
 		// An event id is stored already: nothing was, try again looking
 		// each one up.
-		err = s.appendDedup(ctx, res, idx, ids, types, topics, payloads, channel)
+		err = s.appendDedup(ctx, send, res, idx, ids, types, topics, payloads, channel)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: append: %w", err)
@@ -568,7 +592,7 @@ func (s *Store) isStoredID(err error) bool {
 // appendNew sends the rows as new (qAppendNew) and fills in res[idx[k]]'s
 // sequence and created_at. It fails on an event id that is stored already
 // (see isStoredID), having stored nothing.
-func (s *Store) appendNew(ctx context.Context, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, ranks []int64, channel string) error {
+func (s *Store) appendNew(ctx context.Context, send sender, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, ranks []int64, channel string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.q.lock)
 	b.Queue(s.q.appendNew, ids, types, topics, payloads, channel, ranks)
@@ -577,7 +601,7 @@ func (s *Store) appendNew(ctx context.Context, res []AppendResult, idx []int, id
 		createdAt time.Time
 		notified  bool
 	)
-	err := s.sendAppend(ctx, b, func(br pgx.BatchResults) error {
+	err := send(ctx, b, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
@@ -595,11 +619,11 @@ func (s *Store) appendNew(ctx context.Context, res []AppendResult, idx []int, id
 // appendDedup sends the rows with qAppend, which stores only those whose
 // event id is not stored yet, and fills in res[idx[k]]: the sequence and
 // created_at of a stored row, the stored original of a duplicate.
-func (s *Store) appendDedup(ctx context.Context, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, channel string) error {
+func (s *Store) appendDedup(ctx context.Context, send sender, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, channel string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.q.lock)
 	b.Queue(s.q.append, ids, types, topics, payloads, channel)
-	return s.sendAppend(ctx, b, func(br pgx.BatchResults) error {
+	return send(ctx, b, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
@@ -1086,18 +1110,25 @@ func (s *Store) listenConn() (connected bool, err error) {
 		return false, err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(s.ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
-		return false, err
+	for _, ch := range []string{s.channel, s.outboxChannel} {
+		if _, err := conn.Exec(s.ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return false, err
+		}
 	}
 	var head int64
 	if err := conn.QueryRow(s.ctx, s.q.head).Scan(&head); err != nil {
 		return false, err
 	}
 	s.report(head)
+	s.kickRelay() // a commit may have notified while no one listened
 	for {
 		n, err := conn.WaitForNotification(s.ctx)
 		if err != nil {
 			return true, err
+		}
+		if n.Channel == s.outboxChannel {
+			s.kickRelay()
+			continue
 		}
 		if h, err := strconv.ParseInt(n.Payload, 10, 64); err == nil {
 			s.report(h)
