@@ -217,14 +217,14 @@ type Store struct {
 }
 
 type queries struct {
-	lock, appendNew, append, head, readAfter, watermark    string
-	headForeign, headRow, highest, insertHead, raiseHead   string
-	skip, jump                                             string
-	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
-	newestSeqGlobal, newestSeqTopics                       string
-	pageGlobal, pageTopics                                 string
-	countGlobal, countTopics, pruneEdges, pruneBatch       string
-	txPublish, outboxAny, outboxTake, outboxDelete         string
+	lock, appendNew, append, head, readAfter, watermark      string
+	headForeign, headRow, highest, insertHead, raiseHead     string
+	skip, jump                                               string
+	newestGlobal, newestTopics, oldestGlobal, oldestTopics   string
+	newestSeqGlobal, newestSeqTopics                         string
+	pageGlobal, pageTopics                                   string
+	countGlobal, countTopics, pruneEdges, pruneBatch         string
+	txPublish, txStored, outboxAny, outboxTake, outboxDelete string
 }
 
 // Open connects to dsn (a pgx connection string or URL), creates the schema
@@ -317,7 +317,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
 			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
 			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
-			txPublish: render(qTxPublish, p), outboxAny: render(qOutboxAny, p),
+			txPublish: render(qTxPublish, p), txStored: render(qTxStored, p), outboxAny: render(qOutboxAny, p),
 			outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p),
 		},
 		outboxChannel: p + "outbox",
