@@ -38,7 +38,7 @@
 //     NUL are refused with replayd.ErrInvalid: PostgreSQL's text refuses them.
 //   - The listener behind WaitForAppend is one extra session-level connection
 //     (not from the pool; PgBouncer transaction pooling breaks LISTEN),
-//     opened on the first call, named "replayd listener" in
+//     opened by Open (it also wakes the relay of PublishTx), named "replayd listener" in
 //     pg_stat_activity. WithListenDSN points it elsewhere than the pool.
 //   - The pool's sessions use plan_cache_mode=force_generic_plan unless the
 //     DSN sets it: every query's plan is pinned by its text (see sql.go), so
@@ -97,6 +97,16 @@
 // TestPublishOutcomeUnknown cuts the connection while the server holds the
 // append queued on the lock: Publish returns ErrOutcomeUnknown, the server
 // commits the event once the lock is free, and the retry returns it.
+//
+// # Publishing in the application's transaction
+//
+// PublishTx and PublishSQLTx put an event into prefix+"outbox" inside the
+// application's transaction, with a NOTIFY delivered at its commit; a
+// relay in every Store (Open starts it, Close stops it) moves the outbox
+// into the log under the head row's lock, deleting the rows in the
+// transaction that appends them (outbox.go). The event is in the log if
+// and only if the application's transaction commits, exactly once, and
+// that transaction takes no lock a publisher or reader waits for.
 //
 // # Readiness
 //
@@ -174,8 +184,10 @@ func WithTransactionPooling() Option {
 	return func(c *config) { c.txPooling = true }
 }
 
-// WithTablePrefix names the tables prefix+"events", prefix+"head" and
-// prefix+"watermarks", and the NOTIFY channel prefix+"events". The prefix is
+// WithTablePrefix names the tables prefix+"events", prefix+"head",
+// prefix+"watermarks", prefix+"skips" and prefix+"outbox", the NOTIFY
+// channels prefix+"events" and prefix+"outbox", and the relay's advisory
+// lock. The prefix is
 // lower-case ASCII letters, digits and underscores, starting with a letter or
 // underscore, at most 40 bytes; Open refuses anything else. Stores with
 // different prefixes in one database are independent logs.
