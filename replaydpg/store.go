@@ -38,7 +38,7 @@
 //     NUL are refused with replayd.ErrInvalid: PostgreSQL's text refuses them.
 //   - The listener behind WaitForAppend is one extra session-level connection
 //     (not from the pool; PgBouncer transaction pooling breaks LISTEN),
-//     opened by Open (it also wakes the relay of PublishTx), named "replayd listener" in
+//     opened on the first call, named "replayd listener" in
 //     pg_stat_activity. WithListenDSN points it elsewhere than the pool.
 //   - The pool's sessions use plan_cache_mode=force_generic_plan unless the
 //     DSN sets it: every query's plan is pinned by its text (see sql.go), so
@@ -101,10 +101,11 @@
 // # Publishing in the application's transaction
 //
 // PublishTx and PublishSQLTx put an event into prefix+"outbox" inside the
-// application's transaction, with a NOTIFY delivered at its commit; a
-// relay in every Store (Open starts it, Close stops it) moves the outbox
-// into the log under the head row's lock, deleting the rows in the
-// transaction that appends them (outbox.go). The event is in the log if
+// application's transaction; a relay in every Store (Open starts it,
+// Close stops it) moves the outbox into the log under the head row's
+// lock, deleting the rows in the transaction that appends them, as soon
+// as the publishing store sees the transaction committed, and within a
+// second on any node otherwise (outbox.go). The event is in the log if
 // and only if the application's transaction commits, exactly once, and
 // that transaction takes no lock a publisher or reader waits for.
 //
@@ -186,8 +187,7 @@ func WithTransactionPooling() Option {
 
 // WithTablePrefix names the tables prefix+"events", prefix+"head",
 // prefix+"watermarks", prefix+"skips" and prefix+"outbox", the NOTIFY
-// channels prefix+"events" and prefix+"outbox", and the relay's advisory
-// lock. The prefix is
+// channel prefix+"events", and the relay's advisory lock. The prefix is
 // lower-case ASCII letters, digits and underscores, starting with a letter or
 // underscore, at most 40 bytes; Open refuses anything else. Stores with
 // different prefixes in one database are independent logs.
@@ -218,9 +218,10 @@ type Store struct {
 	listenOnce sync.Once
 	listenDone chan struct{} // closed when the listener goroutine exits
 
-	outboxChannel string        // NOTIFY channel of the outbox (see outbox.go)
-	relayKick     chan struct{} // holds a token when the relay should look at the outbox
-	relayDone     chan struct{} // closed when the relay goroutine exits
+	relayKick chan struct{} // holds a token when the relay has transactions to watch
+	relayDone chan struct{} // closed when the relay goroutine exits
+	watchMu   sync.Mutex
+	watching  []string // ids of transactions that published (PublishTx), for the relay to watch
 
 	mu      sync.Mutex
 	known   int64         // the highest head the listener has heard of
@@ -237,6 +238,7 @@ type queries struct {
 	pageGlobal, pageTopics                                   string
 	countGlobal, countTopics, pruneEdges, pruneBatch         string
 	txPublish, txStored, outboxAny, outboxTake, outboxDelete string
+	txStatus                                                 string
 }
 
 // Open connects to dsn (a pgx connection string or URL), creates the schema
@@ -330,11 +332,10 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
 			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
 			txPublish: render(qTxPublish, p), txStored: render(qTxStored, p), outboxAny: render(qOutboxAny, p),
-			outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p),
+			outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p), txStatus: qTxStatus,
 		},
-		outboxChannel: p + "outbox",
-		relayKick:     make(chan struct{}, 1),
-		relayDone:     make(chan struct{}),
+		relayKick: make(chan struct{}, 1),
+		relayDone: make(chan struct{}),
 	}
 	// Name the listener's session, for pg_stat_activity.
 	name := "replayd listener"
@@ -348,9 +349,6 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("replaydpg: open: %w", err)
 	}
-	// The listener wakes the relay when an application's transaction
-	// that published commits; the relay moves those events into the log.
-	s.listenOnce.Do(func() { go s.listen() })
 	go s.relay()
 	return s, nil
 }
@@ -477,7 +475,7 @@ func (s *Store) raiseHead(ctx context.Context, tx pgx.Tx, floor bool) error {
 	return err
 }
 
-// Close stops the listener and the relay, and closes the pool. Calls in progress
+// Close stops the listener, if any, and the relay, and closes the pool. Calls in progress
 // may fail; later calls return ErrClosed. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.mu.Lock()
@@ -1122,25 +1120,18 @@ func (s *Store) listenConn() (connected bool, err error) {
 		return false, err
 	}
 	defer conn.Close(context.Background())
-	for _, ch := range []string{s.channel, s.outboxChannel} {
-		if _, err := conn.Exec(s.ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
-			return false, err
-		}
+	if _, err := conn.Exec(s.ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+		return false, err
 	}
 	var head int64
 	if err := conn.QueryRow(s.ctx, s.q.head).Scan(&head); err != nil {
 		return false, err
 	}
 	s.report(head)
-	s.kickRelay() // a commit may have notified while no one listened
 	for {
 		n, err := conn.WaitForNotification(s.ctx)
 		if err != nil {
 			return true, err
-		}
-		if n.Channel == s.outboxChannel {
-			s.kickRelay()
-			continue
 		}
 		if h, err := strconv.ParseInt(n.Payload, 10, 64); err == nil {
 			s.report(h)

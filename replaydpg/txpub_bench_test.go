@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -203,4 +204,56 @@ func BenchmarkPublishTxLatency(b *testing.B) {
 	b.ReportMetric(ms(0.99), "p99-ms")
 	b.ReportMetric(ms(1), "max-ms")
 	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkPublishTxConcurrent: 64 goroutines each committing application
+// transactions (the application's row and one more insert) as fast as
+// they can, for b.N transactions in all: with a plain insert of the
+// event's row (plain) or with PublishTx (publish), the relays running.
+// Every transaction that notifies takes PostgreSQL's notification lock
+// from its pre-commit to the end of its commit, so such commits are
+// serialised database-wide, where plain ones share WAL flushes: this
+// measures what that costs. It reports transactions per second.
+//
+//	REPLAYD_PG_FSYNC=1 source .ci/pg.sh && cd replaydpg
+//	go test -run '^$' -bench PublishTxConcurrent -benchtime 5000x -count 3
+func BenchmarkPublishTxConcurrent(b *testing.B) {
+	for _, publish := range []bool{false, true} {
+		b.Run(map[bool]string{false: "plain", true: "publish"}[publish], func(b *testing.B) {
+			s, prefix := openTestStore(b)
+			ctx := context.Background()
+			pool := testPoolDSN(b, withPoolSize(testDSN(b), benchPublishers))
+			orders := appTable(b, pool, prefix)
+			plainTable := prefix + "raw"
+			if _, err := pool.Exec(ctx, `CREATE TABLE `+plainTable+` (
+				id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, event_id text NOT NULL, type text NOT NULL, topic text, payload text NOT NULL)`); err != nil {
+				b.Fatal(err)
+			}
+			payload := json.RawMessage(`{"order":42,"status":"shipped","carrier":"ups","eta":"2026-12-03"}`)
+			var next atomic.Int64
+			b.ResetTimer()
+			start := time.Now()
+			parallel(b, b.N, func(int) error {
+				order := next.Add(1)
+				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO `+orders+` (id, status) VALUES ($1, 'shipped')`, order); err != nil {
+						return err
+					}
+					if publish {
+						_, err := s.PublishTx(ctx, tx, "orders", payload)
+						return err
+					}
+					ev, err := replayd.PrepareEvent("orders", payload)
+					if err != nil {
+						return err
+					}
+					_, err = tx.Exec(ctx, `INSERT INTO `+plainTable+` (event_id, type, topic, payload) VALUES ($1, $2, $3, $4)`,
+						ev.EventID, ev.Type, ev.Topic, string(ev.Payload))
+					return err
+				})
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tx/s")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
 }
