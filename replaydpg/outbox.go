@@ -250,8 +250,8 @@ func (s *Store) relay() {
 	look.Stop()
 	defer look.Stop()
 	var (
-		watched = map[string]bool{} // transactions in progress, as last seen
-		wait    time.Duration       // before the next look at their status
+		watched = map[string]struct{}{} // transactions in progress, as last seen
+		wait    time.Duration           // before the next look at their status
 	)
 	s.drainOutbox(true) // rows a process left behind
 	for {
@@ -261,7 +261,7 @@ func (s *Store) relay() {
 		case <-s.relayKick:
 			s.watchMu.Lock()
 			for _, x := range s.watching {
-				watched[x] = true
+				watched[x] = struct{}{}
 			}
 			s.watching = s.watching[:0]
 			s.watchMu.Unlock()
@@ -288,7 +288,7 @@ func (s *Store) relay() {
 
 // txStatus asks the server the status of the watched transactions,
 // forgets those that ended, and reports whether one committed.
-func (s *Store) txStatus(watched map[string]bool) (committed bool, err error) {
+func (s *Store) txStatus(watched map[string]struct{}) (committed bool, err error) {
 	xids := make([]string, 0, len(watched))
 	for x := range watched {
 		xids = append(xids, x)
