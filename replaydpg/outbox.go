@@ -98,8 +98,9 @@ const (
 // which must be on this store's database: the event is in the log if and
 // only if tx commits. Nothing else is needed after the commit: this
 // store's relay sees the commit within milliseconds and moves the event
-// into the log, and every hub tailing the log delivers it, on every
-// node, as it delivers another node's events. If this process dies
+// into the log, and every hub tailing the log (StartTail, needed even on
+// a single node) delivers it, on every node, as it delivers another
+// node's events. If this process dies
 // first, any node's relay moves it within a second (or the first Store
 // opened on the log, if none is running).
 //
