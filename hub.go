@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"modernc.org/sqlite"
 )
 
@@ -450,31 +449,11 @@ func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult
 
 // publishReq validates one publish and makes its request for the writer.
 func (h *EventHub) publishReq(topic string, payload any, po publishOptions) (*publishReq, error) {
-	if err := validateTopic(topic); err != nil {
-		return nil, err
-	}
-	if err := validateName("event type", po.eventType); err != nil {
-		return nil, err
-	}
-	if po.eventIDSet {
-		if err := validateName("event id", po.eventID); err != nil {
-			return nil, err
-		}
-	} else {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return nil, fmt.Errorf("replayd: publish: %w", err)
-		}
-		po.eventID = id.String()
-	}
-	data, err := encodePayload(payload)
+	ev, err := prepareEvent(topic, payload, po)
 	if err != nil {
 		return nil, err
 	}
-	return &publishReq{
-		ev:  Event{EventID: po.eventID, Type: po.eventType, Topic: topic, Payload: data},
-		res: make(chan publishRes, 1),
-	}, nil
+	return &publishReq{ev: ev, res: make(chan publishRes, 1)}, nil
 }
 
 // enqueue hands req to the writer goroutine. An error means nothing was

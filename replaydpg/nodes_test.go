@@ -3,6 +3,7 @@ package replaydpg
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -20,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/chaostest"
 	"github.com/replayd/replayd/internal/childproc"
@@ -87,6 +89,7 @@ func TestNodesInProcesses(t *testing.T) {
 			}
 			for _, ev := range evs {
 				tr.ledger.Logged(ev)
+				tr.txs.logged(ev.EventID)
 			}
 			recAfter = evs[len(evs)-1].Sequence
 		}
@@ -201,12 +204,16 @@ func TestNodesInProcesses(t *testing.T) {
 			t.Fatalf("node %d did not stop publishing within 20s: %s", i, p.Stderr())
 		}
 	}
+	// The events of committed transactions still in the outbox reach the
+	// log once the relays get to them.
+	waitOutboxEmpty(t, ctx, testPoolDSN(t, dsn), prefix)
 	close(recStop)
 	<-recDone
 	if err := recordOnce(); err != nil {
 		t.Fatal(err)
 	}
 	pruned := nodes[0].prunedTotal()
+	txCommitted, txRolledBack := tr.txs.check(tr)
 
 	// Every client catches up with the newest event of its scope.
 	deadline := time.Now().Add(20 * time.Second)
@@ -263,8 +270,11 @@ func TestNodesInProcesses(t *testing.T) {
 	if probes == 0 || switches == 0 {
 		t.Errorf("%d unknown_cursor probes, %d transport switches: want some of each", probes, switches)
 	}
-	t.Logf("%d events, head %d, %d pruned by node 0; %d SSE resumes on another node (%d exact, with events and no gap), %d poll sessions resumed on another node (%d exact); %d visits after the kill ended a stream, %d onto the restarted node; %d unknown_cursor probes, %d switches between SSE and polls; %v",
-		rep.Published, tr.head(), pruned, rep.Resumes, rep.ExactResumes, rep.PollResumes, rep.PollExactResumes,
+	if txCommitted == 0 || txRolledBack == 0 {
+		t.Errorf("%d transactions with an event committed, %d rolled back: want some of each", txCommitted, txRolledBack)
+	}
+	t.Logf("%d events (of which %d published in committed transactions; %d more rolled back), head %d, %d pruned by node 0; %d SSE resumes on another node (%d exact, with events and no gap), %d poll sessions resumed on another node (%d exact); %d visits after the kill ended a stream, %d onto the restarted node; %d unknown_cursor probes, %d switches between SSE and polls; %v",
+		rep.Published, txCommitted, txRolledBack, tr.head(), pruned, rep.Resumes, rep.ExactResumes, rep.PollResumes, rep.PollExactResumes,
 		killedResumes, onRestarted, probes, switches, time.Since(began).Round(time.Millisecond))
 }
 
@@ -288,13 +298,58 @@ type truth struct {
 	timeline *chaostest.Timeline
 	seed     uint64
 	ids      atomic.Int64 // record ids, for traces
+	txs      txLedger
 
 	mu   sync.Mutex
 	errs []string
 }
 
 func newTruth(seed uint64) *truth {
-	return &truth{ledger: chaostest.NewLedger(), timeline: chaostest.NewTimeline(), seed: seed}
+	return &truth{ledger: chaostest.NewLedger(), timeline: chaostest.NewTimeline(), seed: seed,
+		txs: txLedger{committed: map[string]bool{}, rolledBack: map[string]bool{}, inLog: map[string]int{}}}
+}
+
+// txLedger is what the nodes' transactional publishers reported (the
+// oracle's ledger has them as attempts: an attempted event may or may not
+// be in the log) and how often the recorder read each event id in the log.
+type txLedger struct {
+	mu                    sync.Mutex
+	committed, rolledBack map[string]bool
+	inLog                 map[string]int
+}
+
+func (l *txLedger) report(id string, committed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if committed {
+		l.committed[id] = true
+	} else {
+		l.rolledBack[id] = true
+	}
+}
+
+func (l *txLedger) logged(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inLog[id]++
+}
+
+// check holds the log, as the recorder read it, to the transactions: an
+// event of a committed one read exactly once, of a rolled back one never.
+func (l *txLedger) check(tr *truth) (committed, rolledBack int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id := range l.committed {
+		if n := l.inLog[id]; n != 1 {
+			tr.fail("the event %s of a committed transaction is in the log %d times", id, n)
+		}
+	}
+	for id := range l.rolledBack {
+		if n := l.inLog[id]; n != 0 {
+			tr.fail("the event %s of a rolled back transaction is in the log", id)
+		}
+	}
+	return len(l.committed), len(l.rolledBack)
 }
 
 // add records a row of the log the test has verified itself (crashLog: its
@@ -747,6 +802,54 @@ func runNode(dsn, prefix, name string, prune bool) {
 			}
 		}()
 	}
+	// A transactional publisher: every 20 ms a transaction of the
+	// application's (pgx's or database/sql's, by turns) publishes an event
+	// and commits, or, one time in four, rolls back. A commit is reported
+	// as an attempt before it ("try") and "txok" after; a rollback
+	// "txrb", and never as an attempt: its event must never appear.
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		die(2, err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		die(2, err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+			topic := nodeTopics[n%len(nodeTopics)]
+			id := fmt.Sprintf("%s-tx-%d", name, n)
+			commit := n%4 != 3
+			payload, _ := json.Marshal(map[string]string{"id": id, "topic": topic})
+			if commit {
+				try, _ := json.Marshal(replayd.Event{EventID: id, Type: "message", Topic: topic, Payload: payload})
+				say("try %s", try)
+			}
+			var err error
+			if n%2 == 0 {
+				err = txPublish(ctx, pool, nil, s, topic, payload, id, commit)
+			} else {
+				err = txPublish(ctx, nil, db, s, topic, payload, id, commit)
+			}
+			if err != nil {
+				die(3, err)
+			}
+			if commit {
+				say("txok %s", id)
+			} else {
+				say("txrb %s", id)
+			}
+		}
+	}()
 	if prune {
 		wg.Add(1)
 		go func() {
@@ -778,6 +881,37 @@ func runNode(dsn, prefix, name string, prune bool) {
 		}
 	}
 	os.Exit(0) // the parent is done (or gone): no graceful close needed
+}
+
+// txPublish publishes an event in a transaction of pool (pgx) or, if
+// pool is nil, of db (database/sql), and commits it or rolls it back.
+func txPublish(ctx context.Context, pool *pgxpool.Pool, db *sql.DB, s *Store, topic string, payload json.RawMessage, id string, commit bool) error {
+	if pool != nil {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if _, err := s.PublishTx(ctx, tx, topic, payload, replayd.WithEventID(id)); err != nil {
+			return err
+		}
+		if commit {
+			return tx.Commit(ctx)
+		}
+		return tx.Rollback(ctx)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := s.PublishSQLTx(ctx, tx, topic, payload, replayd.WithEventID(id)); err != nil {
+		return err
+	}
+	if commit {
+		return tx.Commit()
+	}
+	return tx.Rollback()
 }
 
 // nodeProc is a node process (see internal/childproc).
@@ -825,6 +959,8 @@ func startNode(t *testing.T, tr *truth, dsn, prefix, name string, prune bool) *n
 				} else {
 					tr.ledger.Published(ev)
 				}
+			case len(f) == 2 && (f[0] == "txok" || f[0] == "txrb"):
+				tr.txs.report(f[1], f[0] == "txok")
 			case len(f) == 2 && f[0] == "pruned":
 				n, _ := strconv.ParseInt(f[1], 10, 64)
 				p.mu.Lock()

@@ -2,7 +2,7 @@ package replaydpg
 
 import "strings"
 
-// The schema, for a table prefix p (written %[1]s). Three tables:
+// The schema, for a table prefix p (written %[1]s). The tables:
 //
 //   - p+"events": the log. sequence is assigned by Append under the head
 //     row's lock, never by an identity column (see Store). topic is NULL
@@ -19,6 +19,8 @@ import "strings"
 //     highest sequence retention deleted.
 //   - p+"skips": the sequence floor's skipped ranges (see Open): the
 //     sequences strictly between after and through were never issued.
+//   - p+"outbox": events published inside an application's transaction,
+//     until the relay moves them into p+"events" (outbox.go).
 //
 // One index on (topic, sequence) serves every group, broadcasts (NULL)
 // included: a scope's reads are one index range scan per group, merged by
@@ -56,6 +58,16 @@ var schema = []string{
 	`CREATE TABLE IF NOT EXISTS %[1]sskips (
 		after   bigint PRIMARY KEY, -- the head when the log was opened
 		through bigint NOT NULL     -- the head it was raised to
+	)`,
+	// Events published inside applications' transactions, waiting for the
+	// relay (outbox.go). No index but the key: the application's insert
+	// must cost no more than its own row's.
+	`CREATE TABLE IF NOT EXISTS %[1]soutbox (
+		id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, -- the relay's order
+		event_id text   NOT NULL,
+		type     text   NOT NULL,
+		topic    text,
+		payload  text   NOT NULL
 	)`,
 }
 

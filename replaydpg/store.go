@@ -98,6 +98,17 @@
 // append queued on the lock: Publish returns ErrOutcomeUnknown, the server
 // commits the event once the lock is free, and the retry returns it.
 //
+// # Publishing in the application's transaction
+//
+// PublishTx and PublishSQLTx put an event into prefix+"outbox" inside the
+// application's transaction; a relay in every Store (Open starts it,
+// Close stops it) moves the outbox into the log under the head row's
+// lock, deleting the rows in the transaction that appends them, as soon
+// as the publishing store sees the transaction committed, and within a
+// second on any node otherwise (outbox.go). The event is in the log if
+// and only if the application's transaction commits, exactly once, and
+// that transaction takes no lock a publisher or reader waits for.
+//
 // # Readiness
 //
 // ProbeWrite, which EventHub.Ready calls, answers "could a publish get
@@ -174,8 +185,9 @@ func WithTransactionPooling() Option {
 	return func(c *config) { c.txPooling = true }
 }
 
-// WithTablePrefix names the tables prefix+"events", prefix+"head" and
-// prefix+"watermarks", and the NOTIFY channel prefix+"events". The prefix is
+// WithTablePrefix names the tables prefix+"events", prefix+"head",
+// prefix+"watermarks", prefix+"skips" and prefix+"outbox", the NOTIFY
+// channel prefix+"events", and the relay's advisory lock. The prefix is
 // lower-case ASCII letters, digits and underscores, starting with a letter or
 // underscore, at most 40 bytes; Open refuses anything else. Stores with
 // different prefixes in one database are independent logs.
@@ -206,6 +218,11 @@ type Store struct {
 	listenOnce sync.Once
 	listenDone chan struct{} // closed when the listener goroutine exits
 
+	relayKick chan struct{} // holds a token when the relay has transactions to watch
+	relayDone chan struct{} // closed when the relay goroutine exits
+	watchMu   sync.Mutex
+	watching  []string // ids of transactions that published (PublishTx), for the relay to watch
+
 	mu      sync.Mutex
 	known   int64         // the highest head the listener has heard of
 	changed chan struct{} // closed and replaced whenever known may have moved
@@ -213,13 +230,15 @@ type Store struct {
 }
 
 type queries struct {
-	lock, appendNew, append, head, readAfter, watermark    string
-	headForeign, headRow, highest, insertHead, raiseHead   string
-	skip, jump                                             string
-	newestGlobal, newestTopics, oldestGlobal, oldestTopics string
-	newestSeqGlobal, newestSeqTopics                       string
-	pageGlobal, pageTopics                                 string
-	countGlobal, countTopics, pruneEdges, pruneBatch       string
+	lock, appendNew, append, head, readAfter, watermark      string
+	headForeign, headRow, highest, insertHead, raiseHead     string
+	skip, jump                                               string
+	newestGlobal, newestTopics, oldestGlobal, oldestTopics   string
+	newestSeqGlobal, newestSeqTopics                         string
+	pageGlobal, pageTopics                                   string
+	countGlobal, countTopics, pruneEdges, pruneBatch         string
+	txPublish, txStored, outboxAny, outboxTake, outboxDelete string
+	txStatus                                                 string
 }
 
 // Open connects to dsn (a pgx connection string or URL), creates the schema
@@ -312,7 +331,11 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 			pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
 			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
 			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
+			txPublish: render(qTxPublish, p), txStored: render(qTxStored, p), outboxAny: render(qOutboxAny, p),
+			outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p), txStatus: qTxStatus,
 		},
+		relayKick: make(chan struct{}, 1),
+		relayDone: make(chan struct{}),
 	}
 	// Name the listener's session, for pg_stat_activity.
 	name := "replayd listener"
@@ -326,6 +349,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("replaydpg: open: %w", err)
 	}
+	go s.relay()
 	return s, nil
 }
 
@@ -451,7 +475,7 @@ func (s *Store) raiseHead(ctx context.Context, tx pgx.Tx, floor bool) error {
 	return err
 }
 
-// Close stops the listener, if any, and closes the pool. Calls in progress
+// Close stops the listener, if any, and the relay, and closes the pool. Calls in progress
 // may fail; later calls return ErrClosed. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.mu.Lock()
@@ -464,6 +488,7 @@ func (s *Store) Close() error {
 	s.cancel()
 	s.listenOnce.Do(func() { close(s.listenDone) }) // never started: nothing to wait for
 	<-s.listenDone
+	<-s.relayDone
 	s.pool.Close()
 	return nil
 }
@@ -500,6 +525,15 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	if s.isClosed() {
 		return nil, ErrClosed
 	}
+	return s.appendVia(ctx, evs, s.sendAppend)
+}
+
+// sender sends an append's pipeline b and reads its results with read
+// (sendAppend; the relay's sends it inside its own transaction).
+type sender func(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error
+
+// appendVia is Append, its pipelines sent by send.
+func (s *Store) appendVia(ctx context.Context, evs []replayd.Event, send sender) ([]AppendResult, error) {
 	res := make([]AppendResult, len(evs))
 	var (
 		idx                  []int // res index of each row sent
@@ -542,12 +576,12 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 	}
 	var err error
 	if !s.dedupAlways {
-		err = s.appendNew(ctx, res, idx, ids, types, topics, payloads, ranks, channel)
+		err = s.appendNew(ctx, send, res, idx, ids, types, topics, payloads, ranks, channel)
 	}
 	if s.dedupAlways || s.isStoredID(err) {
 		// An event id is stored already: nothing was, try again looking
 		// each one up.
-		err = s.appendDedup(ctx, res, idx, ids, types, topics, payloads, channel)
+		err = s.appendDedup(ctx, send, res, idx, ids, types, topics, payloads, channel)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: append: %w", err)
@@ -568,7 +602,7 @@ func (s *Store) isStoredID(err error) bool {
 // appendNew sends the rows as new (qAppendNew) and fills in res[idx[k]]'s
 // sequence and created_at. It fails on an event id that is stored already
 // (see isStoredID), having stored nothing.
-func (s *Store) appendNew(ctx context.Context, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, ranks []int64, channel string) error {
+func (s *Store) appendNew(ctx context.Context, send sender, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, ranks []int64, channel string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.q.lock)
 	b.Queue(s.q.appendNew, ids, types, topics, payloads, channel, ranks)
@@ -577,7 +611,7 @@ func (s *Store) appendNew(ctx context.Context, res []AppendResult, idx []int, id
 		createdAt time.Time
 		notified  bool
 	)
-	err := s.sendAppend(ctx, b, func(br pgx.BatchResults) error {
+	err := send(ctx, b, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
@@ -595,11 +629,11 @@ func (s *Store) appendNew(ctx context.Context, res []AppendResult, idx []int, id
 // appendDedup sends the rows with qAppend, which stores only those whose
 // event id is not stored yet, and fills in res[idx[k]]: the sequence and
 // created_at of a stored row, the stored original of a duplicate.
-func (s *Store) appendDedup(ctx context.Context, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, channel string) error {
+func (s *Store) appendDedup(ctx context.Context, send sender, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, channel string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.q.lock)
 	b.Queue(s.q.append, ids, types, topics, payloads, channel)
-	return s.sendAppend(ctx, b, func(br pgx.BatchResults) error {
+	return send(ctx, b, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
