@@ -24,13 +24,6 @@ var ErrAlreadyTailing = errors.New("replayd: hub is already tailing")
 // ErrClosed is returned by calls on a hub after Close.
 var ErrClosed = errors.New("replayd: hub is closed")
 
-// ErrOutcomeUnknown, wrapped, is returned by a Publish that stopped waiting
-// while its event was being committed: the event may or may not be stored
-// (and delivered). WithEventID makes the retry safe: publishing the same id
-// again stores nothing if the first attempt was committed, and returns the
-// original event.
-var ErrOutcomeUnknown = errors.New("replayd: outcome unknown: the event may or may not be stored")
-
 // ErrUnauthenticated, returned (possibly wrapped) by Options.Authorize,
 // answers the request 401 instead of 403.
 var ErrUnauthenticated = errors.New("replayd: unauthenticated")
@@ -210,16 +203,6 @@ func (opts Options) withDefaults() (Options, error) {
 		p.MaxLimit = defaultPollMaxLimit
 	}
 	return opts, nil
-}
-
-// Event is one published event as stored in the log.
-type Event struct {
-	Sequence  int64           // the row's sequence: the SSE id
-	EventID   string          // idempotency key; a UUIDv7 unless given
-	Type      string          // the SSE event type
-	Topic     string          // "" = broadcast
-	Payload   json.RawMessage // the JSON sent as the SSE data
-	CreatedAt time.Time       // commit time, millisecond precision
 }
 
 // EventHub publishes events to the log and streams them to SSE clients and

@@ -7,12 +7,6 @@ import (
 	"time"
 )
 
-// RetentionPolicy bounds the log. Zero fields are no limit.
-type RetentionPolicy struct {
-	MaxEvents int64         // keep at most this many newest events of the whole log (not per topic); 0: no count limit
-	MaxAge    time.Duration // delete events older than this; 0: no age limit
-}
-
 // Prune deletes the events policy condemns: all but the newest MaxEvents,
 // and those older than MaxAge, whichever deletes more. It works in batches
 // of at most 1,000 rows, each its own short transaction, so publishers are

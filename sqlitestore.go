@@ -112,7 +112,7 @@ func (l *sqliteStore) Head(ctx context.Context) (int64, error) { return l.head(c
 // needs no read transaction of its own, which cost a poll answer as much as
 // its three queries had before they were one.
 func (l *sqliteStore) Read(ctx context.Context, req ReadRequest) (p Page, err error) {
-	req = req.withDefaults()
+	req = readDefaults(req)
 	query := scopeQuery(kindPage, len(req.Scope))
 	// One row more than the limit tells More.
 	rows, prepared, err := l.stmts.query(ctx, l.db, query, scopeArgs(req.Scope, req.After, req.Through, min(req.Limit, maxInt-1)+1)...)
