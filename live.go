@@ -320,7 +320,7 @@ func (h *EventHub) deliver(after int64, rows []Event) {
 		// reset under the hub: the head, never below the position
 		// otherwise, tells.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		head, err := h.store.latestSequence(ctx)
+		head, err := h.store.Head(ctx)
 		cancel()
 		h.live.mu.Lock()
 		switch {
@@ -370,7 +370,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	from := h.live.position()
-	page, err := h.store.s.Read(ctx, ReadRequest{After: from, Through: through, Limit: limit})
+	page, err := h.store.Read(ctx, ReadRequest{After: from, Through: through, Limit: limit})
 	if err != nil {
 		return 0, err
 	}

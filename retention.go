@@ -19,7 +19,7 @@ func (h *EventHub) Prune(ctx context.Context, policy RetentionPolicy) (deleted i
 	if h.isClosed() {
 		return 0, ErrClosed
 	}
-	deleted, err = h.store.s.Prune(ctx, policy)
+	deleted, err = h.store.Prune(ctx, policy)
 	h.metrics.pruned(deleted)
 	switch {
 	case err != nil && h.isClosed():

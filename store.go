@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/replayd/replayd/sqlitestore"
 	"github.com/replayd/replayd/storage"
 	"io"
 	"time"
@@ -60,21 +61,38 @@ var (
 	ErrOutcomeUnknown = storage.ErrOutcomeUnknown
 )
 
-// NewSQLiteStore returns the SQLite store over db (see [OpenDB]), creating
-// the schema if it is missing and raising the sequence floor (see Store). It takes one connection of db's pool for its
-// appends and keeps it (a pool of one, as for ":memory:", is lent to it per
-// batch instead): close it when done, after any hub over it, through
-// io.Closer (s.(io.Closer).Close()); it never closes db. Writes after Close
-// fail; reads keep working while db is open. It implements [Store],
-// [SchemaEnsurer] and [WriteProber]; several stores, in one process or
-// several, may share one database file. Behind New, the hub closes it.
+// NewSQLiteStore returns the SQLite store over db (see [OpenDB]):
+// sqlitestore.Open with no logger. It creates the schema if it is missing
+// and raises the sequence floor (see Store). It takes one connection of
+// db's pool for its appends and keeps it (a pool of one, as for ":memory:",
+// is lent to it per batch instead): close it when done, after any hub over
+// it, through io.Closer (s.(io.Closer).Close()); it never closes db. Writes
+// after Close fail; reads keep working while db is open. It implements
+// [Store], [SchemaEnsurer] and [WriteProber]; several stores, in one
+// process or several, may share one database file. Behind New, the hub
+// closes it.
 func NewSQLiteStore(db *sql.DB) (Store, error) {
-	s, err := openSQLiteStore(db, nil)
+	s, err := sqlitestore.Open(db, sqlitestore.Options{})
 	if err != nil {
 		return nil, err
 	}
 	return s, nil
 }
+
+// OpenDB opens a SQLite database for a hub with modernc.org/sqlite (pure
+// Go, no cgo): "events.db", "file:events.db?…" or ":memory:". See
+// sqlitestore.OpenDB: a file gets WAL, a busy timeout of 10s,
+// synchronous=NORMAL and a pool of a few connections; ":memory:" is one
+// database shared by a pool of one connection. Close the *sql.DB when you
+// are done; the hub never does.
+func OpenDB(dsn string) (*sql.DB, error) { return sqlitestore.OpenDB(dsn) }
+
+// ErrLogReplaced is wrapped by the error of every Publish after the hub's
+// SQLite store found that the database file at its path is no longer the
+// one it opened: the file was deleted, or another file was moved over it.
+// Nothing was stored; the hub will not recover: close it and the *sql.DB,
+// put the right file in place, and open both again.
+var ErrLogReplaced = sqlitestore.ErrLogReplaced
 
 // NewWithStore returns a hub over s. The hub never closes s: the caller
 // owns it and closes it after the hub. Rows already in the log are never
@@ -101,7 +119,7 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 	}
 	h = &EventHub{
 		opts:    opts,
-		store:   hubStore{s},
+		store:   s,
 		owned:   owned,
 		logger:  opts.Logger,
 		clients: newTopicClientTracker(),
@@ -120,12 +138,11 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 	if h.live.pos, err = s.Head(ctx); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
-	slots := 8
-	if sq, ok := s.(*sqliteStore); ok {
-		h.file = sq.file
-		slots = handshakeSlots(sq.db.Stats().MaxOpenConnections)
+	pool := 0
+	if ps, ok := s.(storage.PoolSizer); ok {
+		pool = ps.PoolSize()
 	}
-	h.handshakes = make(chan struct{}, slots)
+	h.handshakes = make(chan struct{}, handshakeSlots(pool))
 	h.live.init()
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.writeCtx, h.writeCancel = context.WithCancel(context.Background())
@@ -134,81 +151,3 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 	go h.writeLoop()
 	return h, nil
 }
-
-// hubStore is the hub's view of its Store: the reads and writes the hub
-// makes, in the hub's terms.
-type hubStore struct{ s Store }
-
-func (v hubStore) latestSequence(ctx context.Context) (int64, error) { return v.s.Head(ctx) }
-
-// readHandshake reads the head and, for a cursor >= 0 below it, the window
-// (see Store.Window). A negative cursor means a fresh client: only the
-// head is read.
-func (v hubStore) readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (handshake, error) {
-	if cursor < 0 {
-		head, err := v.s.Head(ctx)
-		return handshake{head: head}, err
-	}
-	w, err := v.s.Window(ctx, topics, cursor, limit)
-	if err != nil {
-		return handshake{}, err
-	}
-	return handshake{
-		head:      w.Head,
-		foreign:   w.Foreign,
-		from:      w.From,
-		skipped:   span{count: w.Skipped.Count, first: w.Skipped.First, last: w.Skipped.Last},
-		watermark: w.Watermark,
-	}, nil
-}
-
-// readPage returns the oldest events of scope in (after, through], at most
-// maxEvents of them and no more once they hold maxBytes of payload (at least
-// one), and the scope's prune watermark of the same snapshot. If the
-// watermark is not above after, no event of the scope in (after, through]
-// was missing when the page was read: the page is every such event up to
-// its last.
-func (v hubStore) readPage(ctx context.Context, topics []string, after, through int64, maxEvents, maxBytes int) ([]Event, int64, error) {
-	p, err := v.s.Read(ctx, ReadRequest{Scope: topics, After: after, Through: through, Limit: maxEvents, MaxBytes: maxBytes})
-	return p.Events, p.Watermark, err
-}
-
-// page is what read returns: a scope's oldest events above a cursor, with
-// the head and the scope's watermark, read in one snapshot.
-type page struct {
-	events    []Event // ascending
-	more      bool    // more visible events existed above the last one
-	head      int64
-	watermark int64
-	foreign   bool // after is foreign to the log
-}
-
-// read returns, in one snapshot (Store.Read), the head, the scope's prune
-// watermark and its oldest events above after: at most limit of them, no
-// more once they hold maxBytes of payload (at least one), and whether there
-// were more. The poll handler answers from it; everything in
-// one answer describes the log at one moment, so a prune racing the read
-// cannot open a hole between the events and the watermark.
-func (v hubStore) read(ctx context.Context, topics []string, after int64, limit, maxBytes int) (page, error) {
-	p, err := v.s.Read(ctx, ReadRequest{Scope: topics, After: after, Limit: limit, MaxBytes: maxBytes})
-	if err != nil {
-		return page{}, err
-	}
-	return page{events: p.Events, more: p.More, head: p.Head, watermark: p.Watermark, foreign: p.Foreign}, nil
-}
-
-// withDefaults fills in ReadRequest's zero values.
-func readDefaults(r ReadRequest) ReadRequest {
-	if r.Limit <= 0 {
-		r.Limit = 100
-	}
-	if r.Through <= 0 {
-		r.Through = maxSequence
-	}
-	if r.MaxBytes <= 0 {
-		r.MaxBytes = maxInt
-	}
-	return r
-}
-
-const maxInt = int(^uint(0) >> 1)

@@ -286,3 +286,12 @@ type SchemaEnsurer interface {
 type WriteProber interface {
 	ProbeWrite(ctx context.Context) error
 }
+
+// PoolSizer is an optional [Store] capability: a store whose reads share a
+// pool of a fixed number of connections with its appends. The hub then
+// keeps its concurrent replay reads two below PoolSize, so that a storm of
+// connecting clients leaves a connection for its appends and one for
+// catching up on other processes' rows. 0 means no bound.
+type PoolSizer interface {
+	PoolSize() int
+}

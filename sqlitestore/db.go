@@ -1,13 +1,15 @@
-package replayd
+package sqlitestore
 
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
+	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	"modernc.org/sqlite" // registers the "sqlite" driver
 )
 
 // busyTimeoutMillis is how long a connection waits for another process's
@@ -63,3 +65,29 @@ func OpenDB(dsn string) (*sql.DB, error) {
 	}
 	return db, nil
 }
+
+// busyWait bounds how long a write waits for another process's write lock
+// (retryBusy); a variable so tests can shorten it.
+var busyWait = busyTimeoutMillis * time.Millisecond
+
+// rowError reports whether err is about one row of a batch (a constraint,
+// such as a trigger's RAISE, or a value too big or of the wrong type), which
+// retrying each event alone isolates.
+func rowError(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case sqliteConstraint, sqliteTooBig, sqliteMismatch:
+		return true
+	}
+	return false
+}
+
+// SQLite primary result codes of errors about a row.
+const (
+	sqliteTooBig     = 18
+	sqliteConstraint = 19
+	sqliteMismatch   = 20
+)

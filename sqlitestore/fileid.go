@@ -1,4 +1,4 @@
-package replayd
+package sqlitestore
 
 import (
 	"context"
@@ -103,18 +103,18 @@ func (g *fileGuard) check(force bool) (found bool, err error) {
 	return true, err
 }
 
-// checkLogFile returns an error wrapping ErrLogReplaced once the database
+// checkFile returns an error wrapping ErrLogReplaced once the database
 // file was deleted or replaced, and logs that at Error the first time.
 // Without force it looks at the file at most once per fileCheckInterval.
-func (h *EventHub) checkLogFile(force bool) error {
-	if h.file == nil {
+func (l *Store) checkFile(force bool) error {
+	if l.file == nil {
 		return nil
 	}
-	found, err := h.file.check(force)
-	if found {
-		h.logger.Error("replayd: the database file was deleted or replaced under the hub; every publish is refused. "+
+	found, err := l.file.check(force)
+	if found && l.logger != nil {
+		l.logger.Error("replayd: the database file was deleted or replaced under the hub; every publish is refused. "+
 			"Close the hub and the *sql.DB, put the right file in place and open them again",
-			"path", h.file.path, "err", err)
+			"path", l.file.path, "err", err)
 	}
 	return err
 }
