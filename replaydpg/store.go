@@ -206,7 +206,7 @@ type Store struct {
 	listenOnce sync.Once
 	listenDone chan struct{} // closed when the listener goroutine exits
 
-	mu      sync.Mutex
+	mu      sync.Mutex    // guards known, changed and closed
 	known   int64         // the highest head the listener has heard of
 	changed chan struct{} // closed and replaced whenever known may have moved
 	closed  bool

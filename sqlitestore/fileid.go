@@ -32,7 +32,7 @@ type fileGuard struct {
 	opened os.FileInfo // the file as found when the hub was created
 
 	lastCheck atomic.Int64 // unix nanoseconds of the last periodic check
-	mu        sync.Mutex   // serialises checks, so the Error log is one
+	mu        sync.Mutex   // guards a check (stat, then err set once), so the Error log is one
 	err       atomic.Pointer[error]
 }
 

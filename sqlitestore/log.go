@@ -225,7 +225,7 @@ const (
 // a large prune holds the write lock for milliseconds at a time.
 const pruneBatch = 1000
 
-// Store is the SQLite [Store]: one table whose row sequence is the
+// Store is the SQLite [storage.Store]: one table whose row sequence is the
 // SSE id, and a tiny one of prune watermarks. It serialises this process's
 // writes (appends, prune batches, schema, the Ready probe) on writeMu, so
 // they queue here instead of in SQLite's sleeping busy handler; other
