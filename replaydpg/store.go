@@ -723,38 +723,6 @@ func checkText(ev storage.Event) error {
 	return nil
 }
 
-func scanEvent(row pgx.Rows) (storage.Event, error) {
-	var (
-		ev      storage.Event
-		topic   *string
-		payload string
-	)
-	if err := row.Scan(&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt); err != nil {
-		return ev, err
-	}
-	if topic != nil {
-		ev.Topic = *topic
-	}
-	ev.Payload = []byte(payload)
-	return ev, nil
-}
-
-func collectEvents(rows pgx.Rows, err error) ([]storage.Event, error) {
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var evs []storage.Event
-	for rows.Next() {
-		ev, err := scanEvent(rows)
-		if err != nil {
-			return nil, err
-		}
-		evs = append(evs, ev)
-	}
-	return evs, rows.Err()
-}
-
 // Head returns the highest sequence ever assigned; it never goes backwards,
 // whatever retention deletes.
 func (s *Store) Head(ctx context.Context) (int64, error) {

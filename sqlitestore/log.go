@@ -577,22 +577,6 @@ func (l *Store) handshakeTx(ctx context.Context, tx querier, topics []string, cu
 	return hs, nil
 }
 
-func scanEvents(rows *sql.Rows, err error) ([]storage.Event, error) {
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var evs []storage.Event
-	for rows.Next() {
-		ev, err := scanEvent(rows)
-		if err != nil {
-			return nil, err
-		}
-		evs = append(evs, ev)
-	}
-	return evs, rows.Err()
-}
-
 func scanEvent(row interface{ Scan(...any) error }) (storage.Event, error) {
 	var (
 		ev      storage.Event
