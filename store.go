@@ -5,10 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/replayd/replayd/sqlitestore"
-	"github.com/replayd/replayd/storage"
 	"io"
 	"time"
+
+	"github.com/replayd/replayd/sqlitestore"
+	"github.com/replayd/replayd/storage"
 )
 
 // The storage contract lives in package storage (the manner of

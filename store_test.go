@@ -3,13 +3,13 @@ package replayd
 import (
 	"context"
 	"errors"
-	"github.com/replayd/replayd/sqlitestore"
 	"io"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/sqlitestore"
 )
 
 // bus wakes every notifyingStore sharing it when one of them appends: an

@@ -5,8 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/replayd/replayd/storage"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // logWriter is the connection the hub's writer goroutine appends on, with

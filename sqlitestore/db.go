@@ -3,6 +3,7 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"runtime"
@@ -91,3 +92,63 @@ const (
 	sqliteConstraint = 19
 	sqliteMismatch   = 20
 )
+
+// writeTx runs fn inside BEGIN IMMEDIATE on one pooled connection, so the
+// write lock is taken up front and a busy database is waited for by the busy
+// timeout instead of failing a deferred transaction's upgrade.
+func (l *Store) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err error) {
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := retryBusy(ctx, func() error {
+		_, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := fn(conn); err != nil {
+		// Rollback with a fresh context: a cancelled one must not leave the
+		// connection inside a transaction when it goes back to the pool.
+		if _, rerr := conn.ExecContext(context.Background(), "ROLLBACK"); rerr != nil {
+			discard(conn)
+		}
+		return err
+	}
+	if _, err := conn.ExecContext(context.Background(), "COMMIT"); err != nil {
+		if _, rerr := conn.ExecContext(context.Background(), "ROLLBACK"); rerr != nil {
+			discard(conn)
+		}
+		return err
+	}
+	return nil
+}
+
+// retryBusy runs begin, a BEGIN IMMEDIATE, until it gets the write lock.
+// The busy timeout of OpenDB's connections already waits for another
+// process's lock; this retries a busy answer anyway, for a *sql.DB opened
+// without one.
+func retryBusy(ctx context.Context, begin func() error) error {
+	deadline := time.Now().Add(busyWait)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := begin()
+		var se *sqlite.Error
+		if err == nil || !errors.As(err, &se) || se.Code()&0xff != sqliteBusy || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// sqliteBusy is SQLITE_BUSY, the primary result code of a locked database.
+const sqliteBusy = 5
+
+// discard makes database/sql drop conn instead of pooling it.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+}

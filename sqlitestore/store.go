@@ -5,10 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/replayd/replayd/storage"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // ErrClosed is returned by a store's writes after Close.
