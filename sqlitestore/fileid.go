@@ -99,7 +99,8 @@ func (g *fileGuard) check(force bool) (found bool, err error) {
 	default:
 		return false, nil
 	}
-	g.err.Store(&err)
+	stored := err // only this path allocates: &err would make every call do so
+	g.err.Store(&stored)
 	return true, err
 }
 
