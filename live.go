@@ -326,7 +326,11 @@ func (l *live) position() int64 {
 func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newest time.Time, err error) {
 	h.live.catchMu.Lock()
 	defer h.live.catchMu.Unlock()
-	if after < h.live.position() {
+	pos := h.live.position()
+	if len(rows) == 0 && after == pos {
+		return 0, time.Time{}, nil // an idle tail poll: nothing new
+	}
+	if after < pos {
 		// Rows at or below the live position: the other caller delivered
 		// them already (a publish moved the position past the head the
 		// tail read, or the tail read the writer's rows), or the log was
