@@ -65,7 +65,7 @@ func (l chaosListener) Accept() (net.Conn, error) {
 
 // TestChaosCatchUpPastMissingSequence pins a hang the chaos suite's reading
 // of live.go found. A publish's delivery catches up on rows other processes
-// committed below its batch: deliver(after, rows) calls catchUp(after, 1000)
+// committed below its batch: deliver(after, rows, false) calls catchUp(after, 1000)
 // until the live position reaches after. If the sequence after itself holds
 // no row (a duplicate event id consumed it, or it was pruned) and 1,000 or
 // more rows sit above it when catchUp reads, every page is trimmed to

@@ -3,17 +3,13 @@ package replayd
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
-
-	"modernc.org/sqlite"
 )
 
 // holdWriteLock takes the write lock of the database at path on a
@@ -256,46 +252,6 @@ func TestPublishCtxEndsMidCommitIsOutcomeUnknown(t *testing.T) {
 	}
 }
 
-// A batch that fails because the database is busy fails as a whole: every
-// event would fail alike, so retrying each alone would only multiply the
-// wait for the lock by the batch size.
-func TestGroupCommitBusyFailsBatchOnce(t *testing.T) {
-	saved := busyWait
-	busyWait = 300 * time.Millisecond
-	defer func() { busyWait = saved }()
-	path := filepath.Join(t.TempDir(), "events.db")
-	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(50)&_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	h := newTestHub(t, db, Options{})
-	mustPublish(t, h, "", "warm")
-	holdWriteLock(t, path)
-	const n = 8
-	batch := make([]*publishReq, n)
-	for i := range batch {
-		batch[i] = &publishReq{
-			ev:  Event{EventID: fmt.Sprint("busy-", i), Type: "m", Topic: "a", Payload: json.RawMessage(`1`)},
-			res: make(chan publishRes, 1),
-		}
-	}
-	start := time.Now()
-	h.commit(batch)
-	took := time.Since(start)
-	for _, r := range batch {
-		res := <-r.res
-		var se *sqlite.Error
-		if !errors.As(res.err, &se) || se.Code()&0xff != sqliteBusy {
-			t.Fatalf("publish %s: %v; want SQLITE_BUSY", r.ev.EventID, res.err)
-		}
-	}
-	if limit := 3 * busyWait; took > limit {
-		t.Fatalf("a busy batch of %d took %v to fail: more than %v, so the busy wait was repeated", n, took, limit)
-	}
-	t.Logf("a busy batch of %d failed in %v (busy wait %v)", n, took, busyWait)
-}
-
 // stuckStore is a hub's store whose Append first waits for gate,
 // deaf to its context, as a database call that cannot be cancelled would.
 type stuckStore struct {
@@ -315,8 +271,8 @@ func TestCloseAbandonsAWriterThatDoesNotStop(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	mustPublish(t, h, "", "warm")
-	ss := &stuckStore{Store: h.store.s, gate: make(chan struct{})}
-	h.store.s = ss // read by the writer only after the next publish reaches it
+	ss := &stuckStore{Store: h.store, gate: make(chan struct{})}
+	h.store = ss // read by the writer only after the next publish reaches it
 	committing := make(chan struct{}, 1)
 	h.testHookCommit = func() { committing <- struct{}{} }
 	res := make(chan error, 1)

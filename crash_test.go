@@ -141,7 +141,7 @@ func crashVerify(t *testing.T, path string, round int, acked map[int64]string) (
 	}
 
 	var head int64
-	if err := db.QueryRowContext(ctx, qHead).Scan(&head); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)`).Scan(&head); err != nil {
 		t.Fatal(err)
 	}
 	if head != prev {
@@ -171,9 +171,25 @@ func crashVerify(t *testing.T, path string, round int, acked map[int64]string) (
 
 func crashReadRows(t *testing.T, db *sql.DB) []Event {
 	t.Helper()
-	rs, err := db.QueryContext(context.Background(), `SELECT `+eventColumns+` FROM events ORDER BY sequence`)
-	evs, err := scanEvents(rs, err)
+	rows, err := db.QueryContext(context.Background(), `SELECT sequence, event_id, type, coalesce(topic, ''), payload, created_at FROM events ORDER BY sequence`)
 	if err != nil {
+		t.Fatalf("read rows: %v", err)
+	}
+	defer rows.Close()
+	var evs []Event
+	for rows.Next() {
+		var (
+			ev      Event
+			payload string
+			created int64
+		)
+		if err := rows.Scan(&ev.Sequence, &ev.EventID, &ev.Type, &ev.Topic, &payload, &created); err != nil {
+			t.Fatalf("read rows: %v", err)
+		}
+		ev.Payload, ev.CreatedAt = json.RawMessage(payload), time.UnixMilli(created)
+		evs = append(evs, ev)
+	}
+	if err := rows.Err(); err != nil {
 		t.Fatalf("read rows: %v", err)
 	}
 	return evs

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"modernc.org/sqlite"
+	"github.com/replayd/replayd/sqlitestore"
 )
 
 // ErrAlreadyTailing is returned by a second StartTail on the same hub while
@@ -22,13 +22,6 @@ var ErrAlreadyTailing = errors.New("replayd: hub is already tailing")
 
 // ErrClosed is returned by calls on a hub after Close.
 var ErrClosed = errors.New("replayd: hub is closed")
-
-// ErrOutcomeUnknown, wrapped, is returned by a Publish that stopped waiting
-// while its event was being committed: the event may or may not be stored
-// (and delivered). WithEventID makes the retry safe: publishing the same id
-// again stores nothing if the first attempt was committed, and returns the
-// original event.
-var ErrOutcomeUnknown = errors.New("replayd: outcome unknown: the event may or may not be stored")
 
 // ErrUnauthenticated, returned (possibly wrapped) by Options.Authorize,
 // answers the request 401 instead of 403.
@@ -211,24 +204,13 @@ func (opts Options) withDefaults() (Options, error) {
 	return opts, nil
 }
 
-// Event is one published event as stored in the log.
-type Event struct {
-	Sequence  int64           // the row's sequence: the SSE id
-	EventID   string          // idempotency key; a UUIDv7 unless given
-	Type      string          // the SSE event type
-	Topic     string          // "" = broadcast
-	Payload   json.RawMessage // the JSON sent as the SSE data
-	CreatedAt time.Time       // commit time, millisecond precision
-}
-
 // EventHub publishes events to the log and streams them to SSE clients and
 // in-process subscribers. Create one with New; it is safe for concurrent use.
 type EventHub struct {
 	opts    Options
 	log     *EventLog
-	store   hubStore
-	owned   io.Closer  // what the hub created itself and closes: New's SQLite store
-	file    *fileGuard // the SQLite database file's identity, checked before commits; nil for other stores
+	store   Store     // the log, reached only through the contract
+	owned   io.Closer // what the hub created itself and closes: New's SQLite store
 	logger  *slog.Logger
 	clients *TopicClientTracker
 	metrics metrics
@@ -294,7 +276,7 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := openSQLiteStore(db, o.Logger)
+	s, err := sqlitestore.Open(db, sqlitestore.Options{Logger: o.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +287,7 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 // calls it; it is safe to call again and from several processes at once.
 // For a Store that is not a [SchemaEnsurer] it does nothing.
 func (h *EventHub) EnsureSchema(ctx context.Context) error {
-	se, ok := h.store.s.(SchemaEnsurer)
+	se, ok := h.store.(SchemaEnsurer)
 	if !ok {
 		return nil
 	}
@@ -552,25 +534,15 @@ func (h *EventHub) writeLoop() {
 	}
 }
 
-// busyWait bounds how long a write waits for another process's write lock
-// (retryBusy); a variable so tests can shorten it.
-var busyWait = busyTimeoutMillis * time.Millisecond
-
 // lingerMax bounds how long the writer waits to fill a batch.
 const lingerMax = 200 * time.Microsecond
 
 func (h *EventHub) commit(batch []*publishReq) {
-	if err := h.checkLogFile(false); err != nil {
-		for _, r := range batch {
-			r.res <- publishRes{err: fmt.Errorf("replayd: publish: %w", err)}
-		}
-		return
-	}
 	evs := make([]Event, len(batch))
 	for i, r := range batch {
 		evs[i] = r.ev
 	}
-	res, err := h.store.s.Append(h.writeCtx, evs)
+	res, err := h.store.Append(h.writeCtx, evs)
 	if err == nil && len(res) != len(evs) {
 		err = fmt.Errorf("the store returned %d results for %d events", len(res), len(evs))
 	}
@@ -586,10 +558,8 @@ func (h *EventHub) commit(batch []*publishReq) {
 			// transaction is rolled back: nothing was stored.
 			err = fmt.Errorf("replayd: publish: %w (the commit was cancelled; nothing was stored)", ErrClosed)
 		default:
-			// Busy, I/O and the like fail every event alike.
-			if ferr := h.checkLogFile(true); ferr != nil {
-				err = fmt.Errorf("%w (%v)", ferr, err)
-			}
+			// Busy, I/O, a replaced file and the like fail every
+			// event alike.
 			err = fmt.Errorf("replayd: publish: %w", err)
 		}
 		for _, r := range batch {
@@ -615,12 +585,12 @@ func (h *EventHub) commit(batch []*publishReq) {
 		// Another process may have committed rows between them: deliver
 		// each after what lies below it.
 		for _, ev := range fresh {
-			h.deliver(ev.Sequence-1, []Event{ev})
+			h.deliver(ev.Sequence-1, []Event{ev}, false)
 		}
 	case len(fresh) > 0:
 		// One atomic batch: sequence order being visibility order, no
 		// other row lies between its rows.
-		h.deliver(fresh[0].Sequence-1, fresh)
+		h.deliver(fresh[0].Sequence-1, fresh, false)
 	}
 	for i, r := range batch {
 		if res[i].Err != nil {
@@ -630,28 +600,6 @@ func (h *EventHub) commit(batch []*publishReq) {
 		r.res <- publishRes{ev: res[i].Event, dup: res[i].Duplicate}
 	}
 }
-
-// rowError reports whether err is about one row of a batch (a constraint,
-// such as a trigger's RAISE, or a value too big or of the wrong type), which
-// retrying each event alone isolates.
-func rowError(err error) bool {
-	var se *sqlite.Error
-	if !errors.As(err, &se) {
-		return false
-	}
-	switch se.Code() & 0xff {
-	case sqliteConstraint, sqliteTooBig, sqliteMismatch:
-		return true
-	}
-	return false
-}
-
-// SQLite primary result codes of errors about a row.
-const (
-	sqliteTooBig     = 18
-	sqliteConstraint = 19
-	sqliteMismatch   = 20
-)
 
 // Subscribe registers fn to receive every event delivered live by this hub,
 // of every topic, exactly once and in sequence order, until unsubscribe is

@@ -308,27 +308,47 @@ func (l *live) position() int64 {
 	return l.pos
 }
 
-// deliver hands rows to live subscribers. rows, when not empty, must be
-// every row with a sequence in (after, last row's sequence], ascending.
-// Rows between the live position and after, committed by another process,
-// are first read from the log, so no subscriber skips them.
-func (h *EventHub) deliver(after int64, rows []Event) {
+// deliver is live delivery's one path: the writer calls it with the rows
+// it committed, the tail (see poll) with none and the head it read. It
+// brings the live position up to after, reading from the log the rows
+// another process committed below it, then dispatches rows, which must be
+// every row with a sequence in (after, last row's sequence], ascending. It
+// holds catchMu throughout, so deliveries never interleave, and takes mu
+// only to dispatch and to move the position (see live).
+//
+// The two callers differ only in what they can do with a failed read. The
+// writer's rows are committed: it reads until it reaches after, and turns
+// rows it cannot read into a gap (GapUnreadable), so that its rows are
+// delivered anyway. The tail (onePage) reads at most one page, returns
+// the error to back off and retry, and is called again at once after a
+// full page. It reports how many rows it read from the log, and the
+// CreatedAt of the newest row dispatched (zero if none).
+func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newest time.Time, err error) {
 	h.live.catchMu.Lock()
 	defer h.live.catchMu.Unlock()
-	if len(rows) > 0 && rows[0].Sequence <= h.live.position() {
-		// Either the tail delivered these rows already, or the log was
-		// reset under the hub: the head, never below the position
+	pos := h.live.position()
+	if len(rows) == 0 && after == pos {
+		return 0, time.Time{}, nil // an idle tail poll: nothing new
+	}
+	if after < pos {
+		// Rows at or below the live position: the other caller delivered
+		// them already (a publish moved the position past the head the
+		// tail read, or the tail read the writer's rows), or the log was
+		// reset under the hub. The head, never below the position
 		// otherwise, tells.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		head, err := h.store.latestSequence(ctx)
+		head, err := h.store.Head(ctx)
 		cancel()
+		if err != nil && onePage {
+			return 0, time.Time{}, err
+		}
 		h.live.mu.Lock()
 		switch {
 		case err != nil:
 			h.logger.Error("replayd: cannot read the head to tell a reset log from rows already delivered",
-				"from", rows[0].Sequence, "livePosition", h.live.pos, "err", err)
+				"after", after, "livePosition", h.live.pos, "err", err)
 		case head < h.live.pos:
-			h.logReset(head, after)
+			h.logReset(head, min(after, head))
 		}
 		h.live.mu.Unlock()
 	}
@@ -336,15 +356,25 @@ func (h *EventHub) deliver(after int64, rows []Event) {
 		// Nobody to deliver to: skip reading other writers' rows. A
 		// subscriber that arrives later reads the head after subscribing,
 		// so rows up to here reach it by replay.
-		if n := len(rows); n > 0 {
-			h.live.mu.Lock()
-			h.live.pos = max(h.live.pos, rows[n-1].Sequence)
-			h.live.mu.Unlock()
+		h.live.mu.Lock()
+		h.live.pos = max(h.live.pos, after)
+		if k := len(rows); k > 0 {
+			h.live.pos = max(h.live.pos, rows[k-1].Sequence)
 		}
-		return
+		h.live.mu.Unlock()
+		return 0, time.Time{}, nil
 	}
+	h.live.mu.Lock()
+	h.live.newestAt = time.Time{}
+	h.live.mu.Unlock()
 	for pos := h.live.position(); pos < after; pos = h.live.position() {
-		if _, err := h.catchUp(after, catchUpPage); err != nil {
+		read, err := h.catchUp(after, catchUpPage)
+		n += read
+		switch {
+		case onePage && err != nil:
+			return n, time.Time{}, err
+		case onePage:
+		case err != nil:
 			// The rows in between cannot be read, so they cannot be
 			// delivered in order: make every stream resume from the log.
 			h.live.mu.Lock()
@@ -354,12 +384,17 @@ func (h *EventHub) deliver(after int64, rows []Event) {
 			h.live.gap(Gap{Reason: GapUnreadable, After: h.live.pos, From: h.live.pos + 1, Through: after})
 			h.live.pos = after
 			h.live.mu.Unlock()
+			continue
+		default:
+			continue
 		}
+		break
 	}
 	h.live.mu.Lock()
+	defer h.live.mu.Unlock()
 	h.live.dispatch(rows)
 	h.metrics.flushLiveFrames()
-	h.live.mu.Unlock()
+	return n, h.live.newestAt, nil
 }
 
 // catchUp reads at most limit rows above the live position, stopping at
@@ -370,7 +405,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	from := h.live.position()
-	page, err := h.store.s.Read(ctx, ReadRequest{After: from, Through: through, Limit: limit})
+	page, err := h.store.Read(ctx, ReadRequest{After: from, Through: through, Limit: limit})
 	if err != nil {
 		return 0, err
 	}

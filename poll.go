@@ -403,39 +403,39 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 			return ans, 0, err
 		}
-		ans.Head = pg.head
+		ans.Head = pg.Head
 		if fresh {
-			cursor, fresh = pg.head, false // held from the head, like any long poll
+			cursor, fresh = pg.Head, false // held from the head, like any long poll
 		}
 		ans.Cursor = cursor
 		switch {
-		case cursor > pg.head || pg.foreign:
+		case cursor > pg.Head || pg.Foreign:
 			ans.Gap = &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: p.limit}
-			ans.Cursor = pg.head
+			ans.Cursor = pg.Head
 			return ans, http.StatusOK, nil
-		case pg.watermark > cursor:
+		case pg.Watermark > cursor:
 			ans.Gap = &gap{
 				Reason:        reasonPruned,
 				ResumedFrom:   ptr(cursor),
 				MissedFrom:    ptr(cursor + 1),
-				MissedThrough: ptr(pg.watermark),
+				MissedThrough: ptr(pg.Watermark),
 				ReplayLimit:   p.limit,
 			}
 		}
-		if len(pg.events) > 0 || ans.Gap != nil || waiter == nil {
-			ans.Events = make([]pollEvent, 0, len(pg.events))
-			for i := range pg.events {
-				ev := &pg.events[i]
+		if len(pg.Events) > 0 || ans.Gap != nil || waiter == nil {
+			ans.Events = make([]pollEvent, 0, len(pg.Events))
+			for i := range pg.Events {
+				ev := &pg.Events[i]
 				pe := pollEvent{ID: ev.Sequence, Type: ev.Type, Data: ev.Payload}
 				if ev.Topic != "" {
 					pe.Topic = &ev.Topic
 				}
 				ans.Events = append(ans.Events, pe)
 			}
-			if n := len(pg.events); n > 0 {
-				ans.Cursor = pg.events[n-1].Sequence
+			if n := len(pg.Events); n > 0 {
+				ans.Cursor = pg.Events[n-1].Sequence
 			}
-			ans.More = pg.more
+			ans.More = pg.More
 			return ans, http.StatusOK, nil
 		}
 		// Nothing to answer yet: wait, holding a connection slot.
@@ -482,20 +482,20 @@ func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited boo
 
 // readPoll reads a poll's page under a read slot: for a fresh request only
 // the head counts, and nothing above it is returned.
-func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (page, error) {
+func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (Page, error) {
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
-			return page{}, ctx.Err()
+			return Page{}, ctx.Err()
 		}
-		return page{}, ErrClosed
+		return Page{}, ErrClosed
 	}
 	defer h.releaseRead()
 	if fresh {
 		cursor = maxSequence // read the head and the watermark only
 	}
-	pg, err := h.store.read(ctx, topics, cursor, limit, pollPageBytes)
+	pg, err := h.store.Read(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes})
 	if fresh {
-		pg.watermark, pg.foreign = 0, false // a fresh request is owed no gap
+		pg.Watermark, pg.Foreign = 0, false // a fresh request is owed no gap
 	}
 	return pg, err
 }

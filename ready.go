@@ -22,10 +22,10 @@ func (h *EventHub) Ready(ctx context.Context) error {
 	if h.isClosed() {
 		return ErrClosed
 	}
-	if _, err := h.store.latestSequence(ctx); err != nil {
+	if _, err := h.store.Head(ctx); err != nil {
 		return fmt.Errorf("replayd: ready: read: %w", err)
 	}
-	p, ok := h.store.s.(WriteProber)
+	p, ok := h.store.(WriteProber)
 	if !ok {
 		return nil
 	}
@@ -42,31 +42,6 @@ func (h *EventHub) isClosed() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.closed
-}
-
-// probeWrite takes the write lock on the writer's connection and releases
-// it, writing nothing. The caller holds l.writeMu.
-func (l *sqliteStore) probeWrite(ctx context.Context) error {
-	if l.writer == nil {
-		w, err := openLogWriter(ctx, l.db)
-		if err != nil {
-			return err
-		}
-		l.writer = w
-	}
-	_, err := l.writer.begin.ExecContext(ctx)
-	broken := false
-	if err == nil {
-		_, rerr := l.writer.rollback.ExecContext(context.Background())
-		broken = rerr != nil
-	}
-	if broken || l.db.Stats().MaxOpenConnections == 1 {
-		l.releaseWriter(broken) // as appendBatch does
-	}
-	if err != nil {
-		return fmt.Errorf("take the write lock: %w", err)
-	}
-	return nil
 }
 
 // readyTimeout bounds the check ReadyHandler runs for one request.

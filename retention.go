@@ -7,12 +7,6 @@ import (
 	"time"
 )
 
-// RetentionPolicy bounds the log. Zero fields are no limit.
-type RetentionPolicy struct {
-	MaxEvents int64         // keep at most this many newest events of the whole log (not per topic); 0: no count limit
-	MaxAge    time.Duration // delete events older than this; 0: no age limit
-}
-
 // Prune deletes the events policy condemns: all but the newest MaxEvents,
 // and those older than MaxAge, whichever deletes more. It works in batches
 // of at most 1,000 rows, each its own short transaction, so publishers are
@@ -25,7 +19,7 @@ func (h *EventHub) Prune(ctx context.Context, policy RetentionPolicy) (deleted i
 	if h.isClosed() {
 		return 0, ErrClosed
 	}
-	deleted, err = h.store.s.Prune(ctx, policy)
+	deleted, err = h.store.Prune(ctx, policy)
 	h.metrics.pruned(deleted)
 	switch {
 	case err != nil && h.isClosed():

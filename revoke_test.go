@@ -306,7 +306,7 @@ func testRevokedDuringSetup(t *testing.T, polls bool) {
 	// revoked in the read that follows.
 	woken := 0
 	for range rounds / 4 {
-		cursor, err := h.store.latestSequence(context.Background())
+		cursor, err := h.store.Head(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -195,11 +195,11 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	if g != nil {
 		h.metrics.gap(g.Reason)
 	}
-	if readFrom < 0 || cursor > hs.head || hs.foreign {
-		cursor = hs.head // fresh, or treated as fresh
+	if readFrom < 0 || cursor > hs.Head || hs.Foreign {
+		cursor = hs.Head // fresh, or treated as fresh
 	}
 
-	hi := hello{Topics: topics, Cursor: cursor, Head: hs.head}
+	hi := hello{Topics: topics, Cursor: cursor, Head: hs.Head}
 	if hi.Topics == nil {
 		hi.Topics = []string{}
 	}
@@ -219,7 +219,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		return
 	}
 	replayed, ok := 0, true
-	if cursor < hs.head {
+	if cursor < hs.Head {
 		replayed, ok = h.replay(ctx, w, s, topics, hs)
 	}
 	h.metrics.replayed(transportSSE, replayed)
@@ -230,7 +230,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		h.testHookBeforeLive()
 	}
 
-	h.liveLoop(s, w, ctx, topic, hs.head)
+	h.liveLoop(s, w, ctx, topic, hs.Head)
 }
 
 // liveLoop streams live events and heartbeats until the client, the hub or
@@ -320,26 +320,26 @@ const (
 	replayPageBytes  = 64 << 10
 )
 
-// replay writes the window W of hs, the scope's events in [hs.from,
-// hs.head], page by page, each read under a handshake slot and written
+// replay writes the window W of hs, the scope's events in [hs.From,
+// hs.Head], page by page, each read under a handshake slot and written
 // under the usual write deadline. If retention pruned anything of the
 // scope above the last event written, the page just read may lack rows:
 // the stream ends instead, and the client's reconnect gets a pruned gap.
 // It returns how many events it wrote, and false if the stream must end.
-func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs handshake) (n int, ok bool) {
-	for after := hs.from - 1; after < hs.head; {
+func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs Window) (n int, ok bool) {
+	for after := hs.From - 1; after < hs.Head; {
 		if isRevoked(ctx) || !h.acquireRead(ctx) {
 			return n, false
 		}
 		var (
-			page []Event
-			mark int64
-			err  error
+			p   Page
+			err error
 		)
 		offStack(func() {
-			page, mark, err = h.store.readPage(ctx, topics, after, hs.head, replayPageEvents, replayPageBytes)
+			p, err = h.store.Read(ctx, ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
 		})
 		h.releaseRead()
+		page, mark := p.Events, p.Watermark
 		switch {
 		case isRevoked(ctx):
 			return n, false // nothing read after a revocation is written
@@ -377,7 +377,7 @@ func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream,
 // of its own: SQLite's code grows the stack that runs it, and a handler's
 // stack stays that size for as long as the connection is open (measured:
 // 38.5 against 30.6 KiB per idle connection).
-func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs handshake, err error) {
+func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs Window, err error) {
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
 			return hs, ctx.Err()
@@ -386,7 +386,11 @@ func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor in
 	}
 	defer h.releaseRead()
 	offStack(func() {
-		hs, err = h.store.readHandshake(ctx, topics, cursor, h.opts.SSE.ReplayLimit)
+		if cursor < 0 { // a fresh client: only the head
+			hs.Head, err = h.store.Head(ctx)
+			return
+		}
+		hs, err = h.store.Window(ctx, topics, cursor, h.opts.SSE.ReplayLimit)
 	})
 	return hs, err
 }
@@ -411,30 +415,30 @@ func endEarly(w http.ResponseWriter, reason string) {
 }
 
 // gapFor returns the gap frame a new stream is owed, or nil (PROTOCOL.md, "gap").
-func gapFor(rawCursor string, cursor int64, valid bool, hs handshake, limit int) *gap {
+func gapFor(rawCursor string, cursor int64, valid bool, hs Window, limit int) *gap {
 	switch {
 	case rawCursor == "":
 		return nil
 	case !valid:
 		return &gap{Reason: reasonInvalidCursor, ReplayLimit: limit}
-	case cursor > hs.head || hs.foreign:
+	case cursor > hs.Head || hs.Foreign:
 		// Not a cursor of this log (see Store, the sequence floor).
 		return &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: limit}
-	case hs.watermark > cursor:
+	case hs.Watermark > cursor:
 		return &gap{
 			Reason:        reasonPruned,
 			ResumedFrom:   ptr(cursor),
 			MissedFrom:    ptr(cursor + 1),
-			MissedThrough: ptr(max(hs.watermark, hs.skipped.last)),
+			MissedThrough: ptr(max(hs.Watermark, hs.Skipped.Last)),
 			ReplayLimit:   limit,
 		}
-	case hs.skipped.count > 0:
+	case hs.Skipped.Count > 0:
 		return &gap{
 			Reason:        reasonReplayLimit,
 			ResumedFrom:   ptr(cursor),
-			MissedFrom:    ptr(hs.skipped.first),
-			MissedThrough: ptr(hs.skipped.last),
-			Missed:        ptr(hs.skipped.count),
+			MissedFrom:    ptr(hs.Skipped.First),
+			MissedThrough: ptr(hs.Skipped.Last),
+			Missed:        ptr(hs.Skipped.Count),
 			ReplayLimit:   limit,
 		}
 	}

@@ -3,11 +3,13 @@ package replayd
 import (
 	"context"
 	"errors"
+	"io"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/sqlitestore"
 )
 
 // bus wakes every notifyingStore sharing it when one of them appends: an
@@ -78,7 +80,7 @@ func openStore(t *testing.T) (Store, func() Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.(*sqliteStore).Close() })
+	t.Cleanup(func() { s.(io.Closer).Close() })
 	another := func() Store {
 		db2, err := OpenDB(path)
 		if err != nil {
@@ -89,7 +91,7 @@ func openStore(t *testing.T) (Store, func() Store) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			s2.(*sqliteStore).Close()
+			s2.(io.Closer).Close()
 			db2.Close()
 		})
 		return s2
@@ -119,9 +121,9 @@ func TestNewWithStoreDoesNotCloseTheStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own := h2.store.s.(*sqliteStore)
+	own := h2.store.(*sqlitestore.Store)
 	h2.Close()
-	if _, err := own.Append(context.Background(), []Event{{EventID: "x", Type: "message", Payload: []byte("1")}}); !errors.Is(err, errStoreClosed) {
+	if _, err := own.Append(context.Background(), []Event{{EventID: "x", Type: "message", Payload: []byte("1")}}); !errors.Is(err, sqlitestore.ErrClosed) {
 		t.Fatalf("New's store after Close: %v, want it closed", err)
 	}
 	if err := db.Ping(); err != nil {
@@ -229,34 +231,5 @@ func TestCatchUpReadsWithoutTheDeliveryLock(t *testing.T) {
 	wiretest.WaitUntil(t, "b's rows delivered on a", func() bool { return len(got()) == 3 })
 	if g := got(); len(g) != 3 || g[0] != want[0] || g[2] != want[2] {
 		t.Fatalf("delivered %v, want %v", g, want)
-	}
-}
-
-// A read that took a cached statement just before the store's Close closed
-// it runs the query from its text: reads keep working after Close.
-func TestReadWithAStatementClosedByClose(t *testing.T) {
-	db, _ := openTestDB(t)
-	h := newTestHub(t, db, Options{})
-	ev := mustPublish(t, h, "a", 1)
-	l := h.store.s.(*sqliteStore)
-	ctx := context.Background()
-	if _, err := l.Read(ctx, ReadRequest{Scope: []string{"a"}}); err != nil {
-		t.Fatal(err)
-	}
-	q := scopeQuery(kindPage, 1)
-	st := l.stmts.load(q)
-	if st == nil {
-		t.Fatal("the page query was not cached by a read")
-	}
-	l.stmts.close() // what Close does to the statements
-	rows, prepared, err := l.stmts.queryWith(ctx, db, st, q, scopeArgs([]string{"a"}, 0, maxSequence, 101)...)
-	if err != nil {
-		t.Fatalf("read with the closed statement: %v", err)
-	}
-	var p Page
-	err = readPage(rows, ReadRequest{Limit: 100, MaxBytes: maxInt}, &p)
-	rows.Close()
-	if err != nil || prepared || p.Head != ev.Sequence || len(p.Events) != 1 {
-		t.Fatalf("read: %+v, prepared %v, %v; want head %d, one event, from the text", p, prepared, err, ev.Sequence)
 	}
 }

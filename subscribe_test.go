@@ -157,8 +157,8 @@ func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
 	other := secondHub(t, path, Options{})
 
 	first := mustPublish(t, h, "", "before")
-	fs := &faultyStore{Store: h.store.s}
-	h.store.s = fs // the writer reads it only after the next publish hands it an event
+	fs := &faultyStore{Store: h.store}
+	h.store = fs // the writer reads it only after the next publish hands it an event
 	rec := recordSubscriber(h)
 	c := wiretest.Dial(t, srv.URL, nil)
 	c.Hello()

@@ -71,7 +71,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 	delay, errDelay := time.Duration(0), interval
 	timer := time.NewTimer(delay)
 	defer timer.Stop()
-	notifier, _ := h.store.s.(Notifier)
+	notifier, _ := h.store.(Notifier)
 	failing := false
 	for {
 		if notifier != nil && delay > 0 && !failing {
@@ -92,7 +92,6 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 		n, err := h.poll(ctx)
 		failing = err != nil
 		h.metrics.tailPolled()
-		h.checkLogFile(true) // logs a deleted or replaced file; Publish refuses
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
@@ -123,51 +122,21 @@ func (h *EventHub) waitForAppend(ctx context.Context, n Notifier, d time.Duratio
 	}
 }
 
-// poll delivers rows above the live position, a page at most, and reports
-// how many it read. When nothing new is committed it reads only the head.
+// poll delivers rows above the live position, a page at most, through
+// live delivery's one path (deliver), and reports how many it read. When
+// nothing new is committed it reads only the head.
 func (h *EventHub) poll(ctx context.Context) (int, error) {
-	head, err := h.store.latestSequence(ctx)
+	head, err := h.store.Head(ctx)
 	if err != nil {
 		return 0, err
 	}
-	h.live.catchMu.Lock()
-	defer h.live.catchMu.Unlock()
-	if head < h.live.position() {
-		// Either a publish moved the position past the head read before
-		// the lock, or the log was reset: a head read now tells.
-		if head, err = h.store.latestSequence(ctx); err != nil {
-			return 0, err
-		}
-		h.live.mu.Lock()
-		reset := head < h.live.pos
-		if reset {
-			h.logReset(head, head)
-		}
-		h.live.mu.Unlock()
-		if reset {
-			return 0, nil
-		}
-	}
+	n, newest, err := h.deliver(head, nil, true)
 	switch {
-	case head <= h.live.position():
+	case err != nil:
+	case !newest.IsZero():
+		h.metrics.tailLag(time.Since(newest))
+	case n == 0:
 		h.metrics.tailLag(0)
-		return 0, nil
-	case !h.live.hasSubscribers():
-		h.live.mu.Lock()
-		h.live.pos = head // see deliver
-		h.live.mu.Unlock()
-		h.metrics.tailLag(0)
-		return 0, nil
-	}
-	h.live.mu.Lock()
-	h.live.newestAt = time.Time{}
-	h.live.mu.Unlock()
-	n, err := h.catchUp(head, catchUpPage)
-	h.live.mu.Lock()
-	newestAt := h.live.newestAt
-	h.live.mu.Unlock()
-	if !newestAt.IsZero() {
-		h.metrics.tailLag(time.Since(newestAt))
 	}
 	return n, err
 }

@@ -17,7 +17,7 @@ import (
 // newest 10,000 idle topics: memory and Snapshot's cost are bounded by the
 // connections open plus 10,000, however many topics were ever requested.
 type TopicClientTracker struct {
-	mu     sync.Mutex
+	mu     sync.Mutex             // guards every field below
 	topics map[string]*topicEntry // topics with clients, and recent idle ones
 	idle   topicEntry             // sentinel of the idle list, oldest first
 	nIdle  int                    // entries on the idle list

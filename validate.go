@@ -2,7 +2,6 @@ package replayd
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -15,10 +14,6 @@ const (
 	maxNameLen    = 256     // bytes, for topics, event types and event ids
 	maxPayloadLen = 1 << 20 // bytes, encoded
 )
-
-// ErrInvalid is wrapped by every error that rejects bad input to Publish,
-// Replay or the log's reads; nothing was stored. Test with errors.Is.
-var ErrInvalid = errors.New("invalid input")
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("replayd: %w: "+format, append([]any{ErrInvalid}, args...)...)

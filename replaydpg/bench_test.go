@@ -611,9 +611,9 @@ func handshakeFixture(b *testing.B) *Store {
 	return s
 }
 
-// BenchmarkHandshake1M times the store's Handshake (head, watermark,
-// replay window of 100 and skipped count, in one snapshot and one round
-// trip) and Window (what the hub reads before a replay) on a million rows,
+// BenchmarkHandshake1M times the store's Window (head, watermark, where
+// the replay window of 100 starts and the skipped count, in one snapshot
+// and one round trip: what the hub reads before a replay) on a million rows,
 // in the global scope and a random topic's, as BenchmarkHandshake does for
 // SQLite. Each iteration reads once from cursor 0 and once from ~20,000
 // below the head, so the ratio compares reads made at the same moment;
@@ -622,7 +622,7 @@ func BenchmarkHandshake1M(b *testing.B) {
 	s := handshakeFixture(b)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, read := range []string{"Handshake", "Window"} {
+	for _, read := range []string{"Window"} {
 		for _, scope := range []string{"global", "topic"} {
 			b.Run(read+"/"+scope, func(b *testing.B) {
 				var took [2]time.Duration
@@ -638,23 +638,11 @@ func BenchmarkHandshake1M(b *testing.B) {
 						}
 						start := time.Now()
 						var skipped int64
-						switch read {
-						case "Handshake":
-							hs, err := s.Handshake(ctx, topics, cursor, 100)
-							if err != nil {
-								b.Fatal(err)
-							}
-							if len(hs.Replay) != 100 {
-								b.Fatalf("replayed %d events, want 100", len(hs.Replay))
-							}
-							skipped = hs.SkippedCount
-						default:
-							w, err := s.Window(ctx, topics, cursor, 100)
-							if err != nil {
-								b.Fatal(err)
-							}
-							skipped = w.Skipped.Count
+						w, err := s.Window(ctx, topics, cursor, 100)
+						if err != nil {
+							b.Fatal(err)
 						}
+						skipped = w.Skipped.Count
 						took[i] += time.Since(start)
 						if skipped == 0 {
 							b.Fatal("nothing skipped: the cursor is too near the head")
@@ -720,7 +708,7 @@ func BenchmarkReadPages(b *testing.B) {
 }
 
 // BenchmarkForeignLookup measures what the sequence floor adds to every
-// snapshot read (Handshake, Window, Read, Poll): the skipped-range probe
+// snapshot read (Window, Read): the skipped-range probe
 // folded into the statement that reads the head. It times a poll's Read
 // (10 events of a topic, one round trip) with the store's statement and
 // with the same statement without the probe, in alternation in one loop

@@ -10,16 +10,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/storage"
 )
 
 // Store keeps replayd's storage contract (the storetest kit checks it) and
 // wakes a tailing hub through LISTEN/NOTIFY.
 var (
-	_ replayd.Store         = (*Store)(nil)
-	_ replayd.Notifier      = (*Store)(nil)
-	_ replayd.SchemaEnsurer = (*Store)(nil)
-	_ replayd.WriteProber   = (*Store)(nil)
+	_ storage.Store         = (*Store)(nil)
+	_ storage.Notifier      = (*Store)(nil)
+	_ storage.SchemaEnsurer = (*Store)(nil)
+	_ storage.WriteProber   = (*Store)(nil)
 )
 
 // ProbeWrite reports whether a publish could get through now, writing
@@ -106,7 +106,7 @@ func (s *Store) EnsureSchema(ctx context.Context) error {
 // sent. Without one, it reads limit+1 events (the last tells More) with
 // the plain oldest read, which costs less than the page statement's
 // window.
-func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Page, err error) {
+func (s *Store) Read(ctx context.Context, req storage.ReadRequest) (p storage.Page, err error) {
 	if s.isClosed() {
 		return p, ErrClosed
 	}
@@ -147,7 +147,7 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Pa
 		defer rows.Close()
 		for rows.Next() {
 			var (
-				ev      replayd.Event
+				ev      storage.Event
 				topic   *string
 				payload *string
 				keep    = true
@@ -178,7 +178,7 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Pa
 		return rows.Err()
 	})
 	if err != nil {
-		return replayd.Page{}, fmt.Errorf("replaydpg: read: %w", err)
+		return storage.Page{}, fmt.Errorf("replaydpg: read: %w", err)
 	}
 	return p, nil
 }
@@ -188,7 +188,7 @@ func (s *Store) Read(ctx context.Context, req replayd.ReadRequest) (p replayd.Pa
 // watermark, the sequences of the newest limit+1 events of the scope above
 // the cursor (one limited index scan per topic, no payload) and the count
 // above the cursor (two index probes per topic), wherever the cursor is.
-func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit int) (w replayd.Window, err error) {
+func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit int) (w storage.Window, err error) {
 	if s.isClosed() {
 		return w, ErrClosed
 	}
@@ -221,17 +221,17 @@ func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 		return br.QueryRow().Scan(&total, &fst)
 	})
 	if err != nil {
-		return replayd.Window{}, fmt.Errorf("replaydpg: window: %w", err)
+		return storage.Window{}, fmt.Errorf("replaydpg: window: %w", err)
 	}
 	if cursor >= w.Head || w.Foreign {
-		return replayd.Window{Head: w.Head, Foreign: w.Foreign}, nil
+		return storage.Window{Head: w.Head, Foreign: w.Foreign}, nil
 	}
 	w.From = w.Head + 1
 	if n := min(len(seqs), limit); n > 0 {
 		w.From = seqs[n-1] // seqs are descending
 	}
 	if len(seqs) > limit {
-		w.Skipped = replayd.Span{Count: total - int64(limit), First: fst, Last: seqs[limit]}
+		w.Skipped = storage.Span{Count: total - int64(limit), First: fst, Last: seqs[limit]}
 	}
 	return w, nil
 }

@@ -132,7 +132,7 @@ func TestNoSkippedRows(t *testing.T) {
 	go func() {
 		readDone <- runTailReader(ctx, written,
 			func(ctx context.Context, after int64) ([]int64, error) {
-				evs, err := a.ReadAfter(ctx, after, 1000)
+				evs, err := readAfter(ctx, a, after, 1000)
 				return sequences(evs), err
 			}, a.Head)
 	}()

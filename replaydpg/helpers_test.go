@@ -175,7 +175,7 @@ func allEvents(t testing.TB, s *Store) []replayd.Event {
 	var out []replayd.Event
 	var after int64
 	for {
-		evs, err := s.ReadAfter(context.Background(), after, 1000)
+		evs, err := readAfter(context.Background(), s, after, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,4 +210,11 @@ func childServe(hub *replayd.EventHub) (say func(format string, args ...any), er
 	}
 	say("addr http://%s", ln.Addr())
 	return say, nil
+}
+
+// readAfter returns up to limit events of every topic above after,
+// ascending, through the contract's Read: the rows a live hub catches up on.
+func readAfter(ctx context.Context, s *Store, after int64, limit int) ([]replayd.Event, error) {
+	p, err := s.Read(ctx, replayd.ReadRequest{After: after, Limit: limit})
+	return p.Events, err
 }

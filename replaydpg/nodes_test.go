@@ -80,7 +80,7 @@ func TestNodesInProcesses(t *testing.T) {
 	var recAfter int64
 	recordOnce := func() error {
 		for {
-			evs, err := rec.ReadAfter(ctx, recAfter, 1000)
+			evs, err := readAfter(ctx, rec, recAfter, 1000)
 			if err != nil {
 				return err
 			}

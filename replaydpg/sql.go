@@ -228,8 +228,6 @@ const (
 			WHERE s.after < $1::bigint ORDER BY s.after DESC LIMIT 1) k ON true
 		WHERE h.id = 1`
 
-	qReadAfter = `SELECT ` + eventColumns + ` FROM %[1]sevents e WHERE e.sequence > $1 ORDER BY e.sequence LIMIT $2`
-
 	// qWatermark: $1 the scope's topics; empty is the global scope (any
 	// topic's watermark), otherwise those topics' and the broadcasts'.
 	qWatermark = `SELECT coalesce(max(sequence), 0) FROM %[1]swatermarks
@@ -241,17 +239,6 @@ const (
 	// most (topics+1)*limit rows. An OR, or a UNION ALL with only an outer
 	// limit, bitmap-scans everything above the cursor and sorts it;
 	// TestQueryPlans pins this.
-	qNewestGlobal = `SELECT ` + eventColumns + ` FROM %[1]sevents e
-		WHERE e.sequence > $1 ORDER BY e.sequence DESC LIMIT $2`
-	qNewestTopics = `SELECT s.* FROM (
-		SELECT x.* FROM unnest($1::text[]) AS t(topic) CROSS JOIN LATERAL (
-			SELECT ` + eventColumns + ` FROM %[1]sevents e
-			WHERE (e.topic, e.sequence) > (t.topic, $2) AND (e.topic, e.sequence) <= (t.topic, 9223372036854775807)
-			ORDER BY e.topic DESC, e.sequence DESC LIMIT $3) x
-		UNION ALL
-		(SELECT ` + eventColumns + ` FROM %[1]sevents e
-			WHERE e.topic IS NULL AND e.sequence > $2 ORDER BY e.topic DESC, e.sequence DESC LIMIT $3)
-	) s ORDER BY s.sequence DESC LIMIT $3`
 	// The same, sequences only (Window reads no payload).
 	qNewestSeqGlobal = `SELECT e.sequence FROM %[1]sevents e
 		WHERE e.sequence > $1 ORDER BY e.sequence DESC LIMIT $2`

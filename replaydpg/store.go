@@ -141,7 +141,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/storage"
 )
 
 // ErrClosed is returned by a Store's methods after Close.
@@ -220,20 +220,20 @@ type Store struct {
 
 	relayKick chan struct{} // holds a token when the relay has transactions to watch
 	relayDone chan struct{} // closed when the relay goroutine exits
-	watchMu   sync.Mutex
-	watching  []string // ids of transactions that published (PublishTx), for the relay to watch
+	watchMu   sync.Mutex    // guards watching
+	watching  []string      // ids of transactions that published (PublishTx), for the relay to watch
 
-	mu      sync.Mutex
+	mu      sync.Mutex    // guards known, changed and closed
 	known   int64         // the highest head the listener has heard of
 	changed chan struct{} // closed and replaced whenever known may have moved
 	closed  bool
 }
 
 type queries struct {
-	lock, appendNew, append, head, readAfter, watermark      string
+	lock, appendNew, append, head, watermark                 string
 	headForeign, headRow, highest, insertHead, raiseHead     string
 	skip, jump                                               string
-	newestGlobal, newestTopics, oldestGlobal, oldestTopics   string
+	oldestGlobal, oldestTopics                               string
 	newestSeqGlobal, newestSeqTopics                         string
 	pageGlobal, pageTopics                                   string
 	countGlobal, countTopics, pruneEdges, pruneBatch         string
@@ -250,10 +250,10 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		o(&cfg)
 	}
 	if !prefixRE.MatchString(cfg.prefix) {
-		return nil, fmt.Errorf("replaydpg: %w: table prefix %q: want [a-z_][a-z0-9_]{0,39}", replayd.ErrInvalid, cfg.prefix)
+		return nil, fmt.Errorf("replaydpg: %w: table prefix %q: want [a-z_][a-z0-9_]{0,39}", storage.ErrInvalid, cfg.prefix)
 	}
 	if cfg.txPooling && cfg.listenDSN == "" {
-		return nil, fmt.Errorf("replaydpg: %w: WithTransactionPooling needs WithListenDSN: LISTEN needs a session-level connection", replayd.ErrInvalid)
+		return nil, fmt.Errorf("replaydpg: %w: WithTransactionPooling needs WithListenDSN: LISTEN needs a session-level connection", storage.ErrInvalid)
 	}
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -322,10 +322,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		probe:      make(chan struct{}, 1),
 		q: queries{
 			lock: render(qLock, p), appendNew: render(qAppendNew, p), append: render(qAppend, p),
-			head: render(qHead, p), readAfter: render(qReadAfter, p), watermark: render(qWatermark, p),
+			head: render(qHead, p), watermark: render(qWatermark, p),
 			headForeign: render(qHeadForeign, p), headRow: render(qHeadRow, p), highest: render(qHighest, p),
 			insertHead: render(qInsertHead, p), raiseHead: render(qRaiseHead, p), skip: render(qSkip, p), jump: render(qJump, p),
-			newestGlobal: render(qNewestGlobal, p), newestTopics: render(qNewestTopics, p),
 			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
 			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
 			pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
@@ -501,7 +500,7 @@ func (s *Store) isClosed() bool {
 
 // AppendResult is the outcome of one event of an Append batch: see
 // replayd.AppendResult.
-type AppendResult = replayd.AppendResult
+type AppendResult = storage.AppendResult
 
 // Append stores evs in order, in one transaction and one round trip (two
 // when an event id is stored already: see sql.go), and returns one result
@@ -521,7 +520,7 @@ type AppendResult = replayd.AppendResult
 // Concurrent Appends, from this process or others, are serialised on the
 // head row's lock for the time the server takes to insert and commit; the
 // lock is never held across a round trip to the client.
-func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult, error) {
+func (s *Store) Append(ctx context.Context, evs []storage.Event) ([]AppendResult, error) {
 	if s.isClosed() {
 		return nil, ErrClosed
 	}
@@ -533,7 +532,7 @@ func (s *Store) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult
 type sender func(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error
 
 // appendVia is Append, its pipelines sent by send.
-func (s *Store) appendVia(ctx context.Context, evs []replayd.Event, send sender) ([]AppendResult, error) {
+func (s *Store) appendVia(ctx context.Context, evs []storage.Event, send sender) ([]AppendResult, error) {
 	res := make([]AppendResult, len(evs))
 	var (
 		idx                  []int // res index of each row sent
@@ -649,7 +648,7 @@ func (s *Store) appendDedup(ctx context.Context, send sender, res []AppendResult
 			}
 			r := &res[idx[n]]
 			var (
-				stored                  replayd.Event
+				stored                  storage.Event
 				id, typ, topic, payload *string
 			)
 			if err := rows.Scan(&r.Duplicate, &stored.Sequence, &stored.CreatedAt, &id, &typ, &topic, &payload); err != nil {
@@ -722,7 +721,7 @@ func appendOutcome(err, cerr error) error {
 	if err == nil || pgconn.SafeToRetry(err) || serverRefused(err) || serverRefused(cerr) {
 		return err
 	}
-	return fmt.Errorf("%w: %w", replayd.ErrOutcomeUnknown, err)
+	return fmt.Errorf("%w: %w", storage.ErrOutcomeUnknown, err)
 }
 
 // serverRefused reports whether err is an error the server reported with
@@ -742,52 +741,20 @@ func serverRefused(err error) bool {
 
 // checkText refuses what a PostgreSQL text column would: invalid UTF-8 and
 // NUL, in any of the event's strings.
-func checkText(ev replayd.Event) error {
+func checkText(ev storage.Event) error {
 	for _, f := range []struct{ name, v string }{
 		{"payload", string(ev.Payload)}, {"event id", ev.EventID}, {"type", ev.Type}, {"topic", ev.Topic},
 	} {
 		if !utf8.ValidString(f.v) {
-			return fmt.Errorf("replaydpg: %w: %s is not valid UTF-8", replayd.ErrInvalid, f.name)
+			return fmt.Errorf("replaydpg: %w: %s is not valid UTF-8", storage.ErrInvalid, f.name)
 		}
 		for i := 0; i < len(f.v); i++ {
 			if f.v[i] == 0 {
-				return fmt.Errorf("replaydpg: %w: %s holds NUL", replayd.ErrInvalid, f.name)
+				return fmt.Errorf("replaydpg: %w: %s holds NUL", storage.ErrInvalid, f.name)
 			}
 		}
 	}
 	return nil
-}
-
-func scanEvent(row pgx.Rows) (replayd.Event, error) {
-	var (
-		ev      replayd.Event
-		topic   *string
-		payload string
-	)
-	if err := row.Scan(&ev.Sequence, &ev.EventID, &ev.Type, &topic, &payload, &ev.CreatedAt); err != nil {
-		return ev, err
-	}
-	if topic != nil {
-		ev.Topic = *topic
-	}
-	ev.Payload = []byte(payload)
-	return ev, nil
-}
-
-func collectEvents(rows pgx.Rows, err error) ([]replayd.Event, error) {
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var evs []replayd.Event
-	for rows.Next() {
-		ev, err := scanEvent(rows)
-		if err != nil {
-			return nil, err
-		}
-		evs = append(evs, ev)
-	}
-	return evs, rows.Err()
 }
 
 // Head returns the highest sequence ever assigned; it never goes backwards,
@@ -803,25 +770,9 @@ func (s *Store) Head(ctx context.Context) (int64, error) {
 	return head, nil
 }
 
-// ReadAfter returns up to limit (<= 0: 100) events of every topic whose
-// sequence is above after, ascending: the rows a live hub catches up on.
-func (s *Store) ReadAfter(ctx context.Context, after int64, limit int) ([]replayd.Event, error) {
-	if s.isClosed() {
-		return nil, ErrClosed
-	}
-	evs, err := collectEvents(s.pool.Query(ctx, s.q.readAfter, after, defaultLimit(limit)))
-	if err != nil {
-		return nil, fmt.Errorf("replaydpg: read: %w", err)
-	}
-	return evs, nil
-}
-
-// Watermark returns the highest prune watermark of any topic: the highest
+// watermark returns the highest prune watermark of any topic: the highest
 // sequence retention has deleted (0: none).
-func (s *Store) Watermark(ctx context.Context) (int64, error) {
-	if s.isClosed() {
-		return 0, ErrClosed
-	}
+func (s *Store) watermark(ctx context.Context) (int64, error) {
 	var w int64
 	if err := s.pool.QueryRow(ctx, s.q.watermark, []string{}).Scan(&w); err != nil {
 		return 0, fmt.Errorf("replaydpg: watermark: %w", err)
@@ -845,80 +796,10 @@ func scopeTopics(topics []string) ([]string, error) {
 	out = slices.Compact(out)
 	for _, t := range out {
 		if t == "" {
-			return nil, fmt.Errorf("replaydpg: %w: empty topic in a scope", replayd.ErrInvalid)
+			return nil, fmt.Errorf("replaydpg: %w: empty topic in a scope", storage.ErrInvalid)
 		}
 	}
 	return out, nil
-}
-
-// Handshake is what a connecting client needs, read in one snapshot.
-type Handshake struct {
-	Head int64 // the highest sequence ever assigned
-	// Replay is W: the newest min(|V|, limit) events visible to the scope
-	// above the cursor, ascending (V: every such event).
-	Replay []replayd.Event
-	// SkippedCount, SkippedFirst and SkippedLast describe M = V \ W: how many,
-	// the first and the last sequence (all 0 when M is empty).
-	SkippedCount, SkippedFirst, SkippedLast int64
-	// Watermark is the highest prune watermark of the scope's topics and the
-	// broadcasts, or of any topic for the global scope.
-	Watermark int64
-	// Foreign reports that the cursor is foreign to the log (see Open): the
-	// client is owed an unknown_cursor gap.
-	Foreign bool
-}
-
-// Handshake reads, in one REPEATABLE READ READ ONLY transaction (one round
-// trip), the head, the prune watermark and, for cursor >= 0, the replay
-// window and the skipped events above cursor in the scope named by topics
-// (empty: global; otherwise those topics and the broadcasts). limit <= 0
-// replays nothing: every visible event above the cursor is skipped. Each
-// read is O(log n) per topic plus the rows returned, wherever the cursor is.
-func (s *Store) Handshake(ctx context.Context, topics []string, cursor int64, limit int) (hs Handshake, err error) {
-	if s.isClosed() {
-		return hs, ErrClosed
-	}
-	topics, err = scopeTopics(topics)
-	if err != nil {
-		return hs, err
-	}
-	limit = max(limit, 0)
-	newest, count, scope := s.q.newestGlobal, s.q.countGlobal, []any{}
-	if len(topics) > 0 {
-		newest, count, scope = s.q.newestTopics, s.q.countTopics, []any{topics}
-	}
-	var (
-		rows       []replayd.Event
-		total, fst int64
-	)
-	err = s.scopeSnapshot(ctx, topics, max(cursor, 0), &hs.Head, &hs.Foreign, &hs.Watermark, func(b *pgx.Batch) {
-		if cursor >= 0 {
-			// One row more than the window: the newest skipped one, M's last.
-			b.Queue(newest, append(scope, cursor, limit+1)...)
-			b.Queue(count, append(scope, cursor)...)
-		}
-	}, func(br pgx.BatchResults) error {
-		if cursor < 0 {
-			return nil
-		}
-		var err error
-		if rows, err = collectEvents(br.Query()); err != nil {
-			return err
-		}
-		return br.QueryRow().Scan(&total, &fst)
-	})
-	if err != nil {
-		return Handshake{}, fmt.Errorf("replaydpg: handshake: %w", err)
-	}
-	if len(rows) > limit {
-		hs.SkippedLast = rows[limit].Sequence
-		hs.SkippedFirst = fst
-		hs.SkippedCount = total - int64(limit)
-		rows = rows[:limit]
-	}
-	slices.Reverse(rows)
-	hs.Replay = rows
-	return hs, nil
 }
 
 // scopeSnapshot reads, in one REPEATABLE READ READ ONLY transaction and
@@ -964,55 +845,13 @@ func (s *Store) snapshot(ctx context.Context, b *pgx.Batch, read func(pgx.BatchR
 	return err
 }
 
-// PollPage is one answer of a poll, read in one snapshot.
-type PollPage struct {
-	Events    []replayd.Event // the oldest limit visible events above the cursor, ascending
-	More      bool            // further visible events existed above the last one returned
-	Head      int64
-	Watermark int64 // as Handshake.Watermark
-	Foreign   bool  // as Handshake.Foreign
-}
-
-// Poll reads, in one REPEATABLE READ READ ONLY transaction (one round trip),
-// the oldest limit (<= 0: 100) events visible to the scope named by topics
-// (empty: global) above cursor, whether more exist, the head and the scope's
-// prune watermark.
-func (s *Store) Poll(ctx context.Context, topics []string, cursor int64, limit int) (pp PollPage, err error) {
-	if s.isClosed() {
-		return pp, ErrClosed
-	}
-	topics, err = scopeTopics(topics)
-	if err != nil {
-		return pp, err
-	}
-	limit = defaultLimit(limit)
-	oldest, scope := s.q.oldestGlobal, []any{}
-	if len(topics) > 0 {
-		oldest, scope = s.q.oldestTopics, []any{topics}
-	}
-	err = s.scopeSnapshot(ctx, topics, cursor, &pp.Head, &pp.Foreign, &pp.Watermark, func(b *pgx.Batch) {
-		b.Queue(oldest, append(scope, cursor, limit+1)...)
-	}, func(br pgx.BatchResults) error {
-		var err error
-		pp.Events, err = collectEvents(br.Query())
-		return err
-	})
-	if err != nil {
-		return PollPage{}, fmt.Errorf("replaydpg: poll: %w", err)
-	}
-	if len(pp.Events) > limit {
-		pp.Events, pp.More = pp.Events[:limit], true
-	}
-	return pp, nil
-}
-
 // Prune deletes the events policy condemns (all but the newest MaxEvents,
 // and those created more than MaxAge ago by the server's clock, whichever
 // deletes more), oldest first, in statements of at most 1,000 rows, each of
 // which raises the prune watermark of every topic it deleted from (the empty topic for
 // broadcasts) in the same transaction. Several nodes may prune at once;
 // each counts only the rows it deleted. It returns how many rows it deleted.
-func (s *Store) Prune(ctx context.Context, policy replayd.RetentionPolicy) (int64, error) {
+func (s *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int64, error) {
 	if s.isClosed() {
 		return 0, ErrClosed
 	}
@@ -1030,7 +869,7 @@ func (s *Store) Prune(ctx context.Context, policy replayd.RetentionPolicy) (int6
 	}
 	// Everything at or below the highest watermark is deleted already: start
 	// the scan there, past the dead index entries.
-	last, err := s.Watermark(ctx)
+	last, err := s.watermark(ctx)
 	if err != nil {
 		return 0, err
 	}

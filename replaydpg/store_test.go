@@ -178,9 +178,46 @@ func scopeMark(marks map[string]int64, topics []string) int64 {
 	return p
 }
 
+// handshake is what the hub reads for a connecting client: the head, the
+// scope's watermark, the events it skips and the replay window.
+type handshake struct {
+	Head, Watermark                         int64
+	SkippedCount, SkippedFirst, SkippedLast int64
+	Replay                                  []replayd.Event
+}
+
+// readHandshake reads a handshake through the contract, as the hub does:
+// Window, then the window's events with Read. For a cursor at or above the
+// head only the head is read (the watermark is then the model's, unread).
+func readHandshake(ctx context.Context, s *Store, topics []string, cursor int64, limit int) (handshake, error) {
+	if cursor < 0 {
+		head, err := s.Head(ctx)
+		return handshake{Head: head}, err
+	}
+	w, err := s.Window(ctx, topics, cursor, limit)
+	if err != nil || cursor >= w.Head || w.Foreign {
+		return handshake{Head: w.Head}, err
+	}
+	hs := handshake{Head: w.Head, Watermark: w.Watermark, SkippedCount: w.Skipped.Count, SkippedFirst: w.Skipped.First, SkippedLast: w.Skipped.Last}
+	if w.From <= w.Head {
+		p, err := s.Read(ctx, replayd.ReadRequest{Scope: topics, After: max(cursor, w.From-1), Through: w.Head, Limit: max(limit, 1)})
+		if err != nil {
+			return hs, err
+		}
+		hs.Replay = p.Events
+	}
+	return hs, nil
+}
+
 // modelHandshake is the handshake (PROTOCOL.md, gap) computed the slow way from the whole log.
-func modelHandshake(all []replayd.Event, marks map[string]int64, head int64, topics []string, cursor int64, limit int) Handshake {
-	hs := Handshake{Head: head, Watermark: scopeMark(marks, topics)}
+// A cursor strictly between 0 and floor (the head when the log was first
+// opened) is foreign, like one above the head: only the head is read.
+func modelHandshake(all []replayd.Event, marks map[string]int64, head, floor int64, topics []string, cursor int64, limit int) handshake {
+	hs := handshake{Head: head, Watermark: scopeMark(marks, topics)}
+	if cursor < 0 || cursor >= head || (cursor > 0 && cursor < floor) {
+		hs.Watermark = 0 // not read
+		return hs
+	}
 	if cursor < 0 {
 		return hs
 	}
@@ -206,13 +243,18 @@ func sequences(evs []replayd.Event) []int64 {
 	return out
 }
 
-// TestHandshakeAndPollMatchModel compares Handshake and Poll with the gap rules
+// TestHandshakeAndPollMatchModel compares Window and Read (a handshake, a
+// poll) with the gap rules
 // and the poll transport computed from the whole log, over scopes, cursors and limits, on a
 // log with duplicates and a pruned prefix.
 func TestHandshakeAndPollMatchModel(t *testing.T) {
 	t.Parallel()
 	s, prefix := openTestStore(t)
 	ctx := testCtx(t, 60*time.Second)
+	floor, err := s.Head(ctx) // the sequence floor: cursors below it are foreign
+	if err != nil {
+		t.Fatal(err)
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	topics := []string{"a", "b", "c", "", "a", "a", "b"}
 	var batch []replayd.Event
@@ -250,11 +292,11 @@ func TestHandshakeAndPollMatchModel(t *testing.T) {
 	for _, topics := range scopes {
 		for _, cursor := range cursors {
 			for _, limit := range []int{0, 1, 7, 100, 5000} {
-				got, err := s.Handshake(ctx, topics, cursor, limit)
+				got, err := readHandshake(ctx, s, topics, cursor, limit)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := modelHandshake(all, marks, head, topics, cursor, limit)
+				want := modelHandshake(all, marks, head, floor, topics, cursor, limit)
 				if !reflect.DeepEqual(sequences(got.Replay), sequences(want.Replay)) ||
 					got.Head != want.Head || got.Watermark != want.Watermark ||
 					got.SkippedCount != want.SkippedCount || got.SkippedFirst != want.SkippedFirst || got.SkippedLast != want.SkippedLast {
@@ -266,7 +308,7 @@ func TestHandshakeAndPollMatchModel(t *testing.T) {
 				if cursor < 0 || limit == 0 {
 					continue
 				}
-				pp, err := s.Poll(ctx, topics, cursor, limit)
+				pp, err := s.Read(ctx, replayd.ReadRequest{Scope: topics, After: cursor, Limit: limit})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -278,15 +320,15 @@ func TestHandshakeAndPollMatchModel(t *testing.T) {
 				}
 				wantEvs := v[:min(limit, len(v))]
 				if !reflect.DeepEqual(sequences(pp.Events), sequences(wantEvs)) || pp.More != (len(v) > limit) ||
-					pp.Head != head || pp.Watermark != want.Watermark {
+					pp.Head != head || pp.Watermark != scopeMark(marks, topics) {
 					t.Fatalf("Poll(%q, %d, %d) = %v more %v head %d mark %d; want %v more %v head %d mark %d",
 						topics, cursor, limit, sequences(pp.Events), pp.More, pp.Head, pp.Watermark,
-						sequences(wantEvs), len(v) > limit, head, want.Watermark)
+						sequences(wantEvs), len(v) > limit, head, scopeMark(marks, topics))
 				}
 			}
 		}
 	}
-	if _, err := s.Handshake(ctx, []string{"a", ""}, 0, 1); !errors.Is(err, replayd.ErrInvalid) {
+	if _, err := s.Window(ctx, []string{"a", ""}, 0, 1); !errors.Is(err, replayd.ErrInvalid) {
 		t.Fatalf("empty topic in a scope: err = %v, want ErrInvalid", err)
 	}
 }
@@ -309,8 +351,8 @@ func TestPrune(t *testing.T) {
 	if got, want := watermarks(t, prefix), map[string]int64{"a": b + 1498, "b": b + 1499, "": b + 1500}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("watermarks %v, want %v", got, want)
 	}
-	if w, err := s.Watermark(ctx); err != nil || w != b+1500 {
-		t.Fatalf("Watermark = %d, %v; want 1500", w, err)
+	if p, err := s.Read(ctx, replayd.ReadRequest{After: b + 2500}); err != nil || p.Watermark != b+1500 {
+		t.Fatalf("the global watermark = %d, %v; want 1500", p.Watermark, err)
 	}
 	if n, err := s.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 1000}); err != nil || n != 0 {
 		t.Fatalf("second Prune = %d, %v; want 0", n, err)
@@ -335,7 +377,7 @@ func TestPrune(t *testing.T) {
 	if r := mustAppend(t, s, ev("after", "a", `1`)); r[0].Event.Sequence != b+2511 {
 		t.Fatalf("next sequence %d, want %d", r[0].Event.Sequence, b+2511)
 	}
-	hs, err := s.Handshake(ctx, []string{"a"}, 0, 10)
+	hs, err := readHandshake(ctx, s, []string{"a"}, 0, 10)
 	if err != nil || len(hs.Replay) != 1 || hs.Watermark != b+2510 || hs.SkippedCount != 0 {
 		t.Fatalf("handshake after prune-all: %+v, %v", hs, err)
 	}

@@ -22,6 +22,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx" driver
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/childproc"
+	"github.com/replayd/replayd/storage"
 )
 
 // appTable creates the application's own table prefix+"orders" and drops
@@ -365,11 +366,11 @@ func TestPublishTxRetries(t *testing.T) {
 // readSeq reads the event at seq.
 func readSeq(t testing.TB, s *Store, seq int64) replayd.Event {
 	t.Helper()
-	evs, err := s.ReadAfter(context.Background(), seq-1, 1)
-	if err != nil || len(evs) != 1 || evs[0].Sequence != seq {
-		t.Fatalf("read %d: %v, %v", seq, evs, err)
+	pg, err := s.Read(context.Background(), storage.ReadRequest{After: seq - 1, Through: seq, Limit: 1})
+	if err != nil || len(pg.Events) != 1 || pg.Events[0].Sequence != seq {
+		t.Fatalf("read %d: %v, %v", seq, pg.Events, err)
 	}
-	return evs[0]
+	return pg.Events[0]
 }
 
 // waitOutboxEmpty waits, within ctx, until the outbox of prefix is empty.

@@ -1,4 +1,4 @@
-package replayd
+package sqlitestore
 
 import (
 	"context"
@@ -8,21 +8,37 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
-// errStoreClosed is returned by a SQLite store's writes after Close.
-var errStoreClosed = errors.New("replayd: the store is closed")
+// ErrClosed is returned by a store's writes after Close.
+var ErrClosed = errors.New("replayd: the store is closed")
 
-// openSQLiteStore returns the SQLite store over db: it creates the schema
-// if it is missing, raises the sequence floor (see floor.go; a clock behind
-// the head is logged to logger, if not nil), remembers the database file's
+// Options configure a SQLite store.
+type Options struct {
+	// Logger, if not nil, is told of a clock behind the log's head (see the
+	// sequence floor in package storage) and, at Error, of a database file
+	// deleted or replaced under the store.
+	Logger *slog.Logger
+}
+
+// Open returns the SQLite store over db (see [OpenDB]): it creates the
+// schema if it is missing, raises the sequence floor (see floor.go; a
+// clock behind the head is logged), remembers the database file's
 // identity, and reserves the writer's connection now, before any reader
-// can queue for the pool (a publish is never slowed by SSE clients).
-func openSQLiteStore(db *sql.DB, logger *slog.Logger) (*sqliteStore, error) {
+// can queue for the pool (an append is never slowed by readers). A pool
+// of one, as for ":memory:", is lent to the writer per batch instead.
+//
+// Close the store when done, after any hub over it; it never closes db.
+// Writes after Close fail with [ErrClosed]; reads keep working while db is
+// open. Several stores, in one process or several, may share one database
+// file.
+func Open(db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("replayd: nil *sql.DB")
 	}
-	s := &sqliteStore{db: db}
+	s := &Store{db: db, logger: opts.Logger}
 	// No deadline for the schema: numbering the rows of an earlier
 	// version's log runs once and takes about 8s a million rows; each of
 	// its transactions waits for the write lock within the busy timeout.
@@ -31,7 +47,7 @@ func openSQLiteStore(db *sql.DB, logger *slog.Logger) (*sqliteStore, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, _, err := s.raiseFloor(ctx, floorClock(), logger); err != nil {
+	if _, _, err := s.raiseFloor(ctx, floorClock(), opts.Logger); err != nil {
 		return nil, fmt.Errorf("replayd: raise the sequence floor: %w", err)
 	}
 	var err error
@@ -49,8 +65,12 @@ func openSQLiteStore(db *sql.DB, logger *slog.Logger) (*sqliteStore, error) {
 	return s, nil
 }
 
+// PoolSize returns the size of db's pool (0: unbounded): the hub keeps
+// its concurrent log reads below it (see storage.PoolSizer).
+func (l *Store) PoolSize() int { return l.db.Stats().MaxOpenConnections }
+
 // EnsureSchema creates the tables and index if they are missing.
-func (l *sqliteStore) EnsureSchema(ctx context.Context) error {
+func (l *Store) EnsureSchema(ctx context.Context) error {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
 	return l.ensureSchema(ctx)
@@ -59,7 +79,7 @@ func (l *sqliteStore) EnsureSchema(ctx context.Context) error {
 // Close releases the writer's connection. It waits for a write in
 // progress; it never closes the *sql.DB. Writes after Close fail; reads
 // keep working as long as the *sql.DB is open.
-func (l *sqliteStore) Close() error {
+func (l *Store) Close() error {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
 	l.closed = true
@@ -72,14 +92,20 @@ func (l *sqliteStore) Close() error {
 // fails on one row (a constraint, such as a trigger's RAISE, or a value too
 // big) is committed again event by event, so that only that event fails:
 // then every failure, of whatever kind, is its own event's Err.
-func (l *sqliteStore) Append(ctx context.Context, evs []Event) ([]AppendResult, error) {
+func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.AppendResult, error) {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
 	if l.closed {
-		return nil, errStoreClosed
+		return nil, ErrClosed
 	}
-	res := make([]AppendResult, len(evs))
-	batch := make([]Event, len(evs))
+	// A file deleted or replaced under the store: rows committed now would
+	// go into a file no process opens again (or, through the old -wal,
+	// corrupt the new one).
+	if err := l.checkFile(false); err != nil {
+		return nil, err
+	}
+	res := make([]storage.AppendResult, len(evs))
+	batch := make([]storage.Event, len(evs))
 	copy(batch, evs)
 	dup := make([]bool, len(evs))
 	err := l.appendBatch(ctx, batch, dup)
@@ -87,37 +113,48 @@ func (l *sqliteStore) Append(ctx context.Context, evs []Event) ([]AppendResult, 
 	case err == nil:
 	case len(evs) > 1 && rowError(err) && ctx.Err() == nil:
 		for i := range evs {
-			one, d := []Event{evs[i]}, []bool{false}
+			one, d := []storage.Event{evs[i]}, []bool{false}
 			if err := l.appendBatch(ctx, one, d); err != nil {
-				res[i] = AppendResult{Event: evs[i], Err: err}
+				res[i] = storage.AppendResult{Event: evs[i], Err: err}
 				continue
 			}
-			res[i] = AppendResult{Event: one[0], Duplicate: d[0]}
+			res[i] = storage.AppendResult{Event: one[0], Duplicate: d[0]}
 		}
 		return res, nil
 	default:
+		// Busy, I/O and the like fail every event alike: was it because
+		// the file went away?
+		if ferr := l.checkFile(true); ferr != nil {
+			err = fmt.Errorf("%w (%v)", ferr, err)
+		}
 		return nil, err
 	}
 	for i := range batch {
-		res[i] = AppendResult{Event: batch[i], Duplicate: dup[i]}
+		res[i] = storage.AppendResult{Event: batch[i], Duplicate: dup[i]}
 	}
 	return res, nil
 }
 
-// Head reads the head from sqlite_sequence: one indexed row.
-func (l *sqliteStore) Head(ctx context.Context) (int64, error) { return l.head(ctx, l.db) }
+// Head reads the head from sqlite_sequence: one indexed row. A tailing hub
+// calls it every poll, so it also looks at the database file (at most once
+// per fileCheckInterval) and logs a deleted or replaced one, which appends
+// then refuse.
+func (l *Store) Head(ctx context.Context) (int64, error) {
+	l.checkFile(false)
+	return l.head(ctx, l.db)
+}
 
 // Read reads a page in one statement, one snapshot: its first row is the
 // head and the scope's watermark, the others the page (see kindPage). It
 // needs no read transaction of its own, which cost a poll answer as much as
 // its three queries had before they were one.
-func (l *sqliteStore) Read(ctx context.Context, req ReadRequest) (p Page, err error) {
-	req = req.withDefaults()
+func (l *Store) Read(ctx context.Context, req storage.ReadRequest) (p storage.Page, err error) {
+	req = withDefaults(req)
 	query := scopeQuery(kindPage, len(req.Scope))
 	// One row more than the limit tells More.
 	rows, prepared, err := l.stmts.query(ctx, l.db, query, scopeArgs(req.Scope, req.After, req.Through, min(req.Limit, maxInt-1)+1)...)
 	if err != nil {
-		return Page{}, err
+		return storage.Page{}, err
 	}
 	err = readPage(rows, req, &p)
 	if cerr := rows.Close(); err == nil {
@@ -127,7 +164,7 @@ func (l *sqliteStore) Read(ctx context.Context, req ReadRequest) (p Page, err er
 		err = rows.Err()
 	}
 	if err != nil {
-		return Page{}, err
+		return storage.Page{}, err
 	}
 	if !prepared {
 		l.stmts.prepare(ctx, l.db, []string{query}) // now that the connection is back
@@ -136,7 +173,7 @@ func (l *sqliteStore) Read(ctx context.Context, req ReadRequest) (p Page, err er
 }
 
 // readPage reads a kindPage query's rows into p.
-func readPage(rows *sql.Rows, req ReadRequest, p *Page) error {
+func readPage(rows *sql.Rows, req storage.ReadRequest, p *storage.Page) error {
 	if !rows.Next() {
 		if err := rows.Err(); err != nil {
 			return err
@@ -171,35 +208,30 @@ func readPage(rows *sql.Rows, req ReadRequest, p *Page) error {
 }
 
 // Window reads a resuming client's window (see readHandshake).
-func (l *sqliteStore) Window(ctx context.Context, scope []string, cursor int64, limit int) (Window, error) {
+func (l *Store) Window(ctx context.Context, scope []string, cursor int64, limit int) (storage.Window, error) {
 	hs, err := l.readHandshake(ctx, scope, max(cursor, 0), max(limit, 0))
 	if err != nil {
-		return Window{}, err
+		return storage.Window{}, err
 	}
-	if cursor >= hs.head || hs.foreign {
-		return Window{Head: hs.head, Foreign: hs.foreign}, nil
+	if cursor >= hs.Head || hs.Foreign {
+		return storage.Window{Head: hs.Head, Foreign: hs.Foreign}, nil
 	}
-	return Window{
-		Head:      hs.head,
-		From:      hs.from,
-		Skipped:   Span{Count: hs.skipped.count, First: hs.skipped.first, Last: hs.skipped.last},
-		Watermark: hs.watermark,
-	}, nil
+	return hs, nil
 }
 
 // Count counts a scope's events in (after, before) by their ordinals (see
 // span), in one read transaction.
-func (l *sqliteStore) Count(ctx context.Context, scope []string, after, before int64) (n int64, err error) {
+func (l *Store) Count(ctx context.Context, scope []string, after, before int64) (n int64, err error) {
 	err = l.readTx(ctx, func(tx querier) error {
 		s, err := l.span(ctx, tx, scope, after, before)
-		n = s.count
+		n = s.Count
 		return err
 	})
 	return n, err
 }
 
 // Prune deletes in batches, each its own write transaction under writeMu.
-func (l *sqliteStore) Prune(ctx context.Context, policy RetentionPolicy) (int64, error) {
+func (l *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int64, error) {
 	return l.prune(ctx, policy, func() func() {
 		l.writeMu.Lock()
 		return l.writeMu.Unlock
@@ -210,21 +242,21 @@ func (l *sqliteStore) Prune(ctx context.Context, policy RetentionPolicy) (int64,
 // connection, writing nothing. It queues behind this store's own writes
 // (writeMu) instead of racing them for SQLite's lock, so it never stalls
 // an append; ctx bounds the wait.
-func (l *sqliteStore) ProbeWrite(ctx context.Context) error {
+func (l *Store) ProbeWrite(ctx context.Context) error {
 	unlock, err := lockCtx(ctx, &l.writeMu)
 	if err != nil {
 		return fmt.Errorf("wait for the writer: %w", err)
 	}
 	defer unlock()
 	if l.closed {
-		return errStoreClosed
+		return ErrClosed
 	}
 	return l.probeWrite(ctx)
 }
 
 // readTx runs fn in one read transaction: one snapshot of the log, read
 // with the store's prepared statements.
-func (l *sqliteStore) readTx(ctx context.Context, fn func(querier) error) (err error) {
+func (l *Store) readTx(ctx context.Context, fn func(querier) error) (err error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -263,3 +295,22 @@ func lockCtx(ctx context.Context, mu *sync.Mutex) (unlock func(), err error) {
 		return nil, ctx.Err()
 	}
 }
+
+// withDefaults fills in a ReadRequest's zero values.
+func withDefaults(r storage.ReadRequest) storage.ReadRequest {
+	if r.Limit <= 0 {
+		r.Limit = 100
+	}
+	if r.Through <= 0 {
+		r.Through = maxSequence
+	}
+	if r.MaxBytes <= 0 {
+		r.MaxBytes = maxInt
+	}
+	return r
+}
+
+const (
+	maxInt      = int(^uint(0) >> 1)
+	maxSequence = 1<<63 - 1
+)

@@ -1,12 +1,15 @@
-package replayd
+package sqlitestore
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // oldSchema is the schema of replayd before the ordinals (issue 8, item 3).
@@ -50,10 +53,10 @@ func insertOld(t testing.TB, db *sql.DB, from, n int) {
 }
 
 // bruteCount counts a scope's rows in (after, before) one by one.
-func bruteCount(t testing.TB, db *sql.DB, topics []string, after, before int64) span {
+func bruteCount(t testing.TB, db *sql.DB, topics []string, after, before int64) storage.Span {
 	t.Helper()
-	var s span
-	if err := db.QueryRow(scopeQuery(kindCount, len(topics)), scopeArgs(topics, after, before)...).Scan(&s.count, &s.first, &s.last); err != nil {
+	var s storage.Span
+	if err := db.QueryRow(scopeQuery(kindCount, len(topics)), scopeArgs(topics, after, before)...).Scan(&s.Count, &s.First, &s.Last); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -61,7 +64,7 @@ func bruteCount(t testing.TB, db *sql.DB, topics []string, after, before int64) 
 
 // checkCounts compares span with the row-by-row count over random ranges
 // and scopes.
-func checkCounts(t *testing.T, db *sql.DB, l *sqliteStore, head int64) {
+func checkCounts(t *testing.T, db *sql.DB, l *Store, head int64) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(7, 8))
 	scopes := [][]string{nil, {"a"}, {"b"}, {"a", "c"}, {"a", "b", "c"}, {"nobody"}}
@@ -81,41 +84,41 @@ func checkCounts(t *testing.T, db *sql.DB, l *sqliteStore, head int64) {
 
 func TestOrdinalCountsExactAcrossPrunes(t *testing.T) {
 	db, path := openTestDB(t)
-	h := newTestHub(t, db, Options{})
+	h := openTestStore(t, db)
 	// A second writer on the same file, as another process would be: each
 	// writer's cached numbering must notice the other's rows.
-	h2 := secondHub(t, path, Options{})
+	h2 := secondStore(t, path)
 	ctx := context.Background()
 	for i := range 600 {
 		topic := []string{"a", "b", "c", ""}[i%4]
 		if i%7 < 2 {
-			mustPublish(t, h2, topic, i)
+			mustAppend(t, h2, topic, i)
 			continue
 		}
-		mustPublish(t, h, topic, i)
+		mustAppend(t, h, topic, i)
 		if i%97 == 0 { // a duplicate id spends no ordinal
-			mustPublish(t, h, topic, i, WithEventID(fmt.Sprintf("dup-%d", i)))
-			mustPublish(t, h, topic, i, WithEventID(fmt.Sprintf("dup-%d", i)))
+			mustAppend(t, h, topic, i, fmt.Sprintf("dup-%d", i))
+			mustAppend(t, h, topic, i, fmt.Sprintf("dup-%d", i))
 		}
 	}
-	head, _ := h.LatestSequence(ctx)
-	checkCounts(t, db, h.store.s.(*sqliteStore), head)
-	if _, err := h.Prune(ctx, RetentionPolicy{MaxEvents: 250}); err != nil {
+	head, _ := h.Head(ctx)
+	checkCounts(t, db, h, head)
+	if _, err := h.Prune(ctx, storage.RetentionPolicy{MaxEvents: 250}); err != nil {
 		t.Fatal(err)
 	}
-	checkCounts(t, db, h.store.s.(*sqliteStore), head)
+	checkCounts(t, db, h, head)
 	// Everything pruned: numbering restarts, still without holes.
-	if _, err := h.Prune(ctx, RetentionPolicy{MaxEvents: 1}); err != nil {
+	if _, err := h.Prune(ctx, storage.RetentionPolicy{MaxEvents: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(`DELETE FROM events`); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 50 {
-		mustPublish(t, h, []string{"a", "b", ""}[i%3], i)
+		mustAppend(t, h, []string{"a", "b", ""}[i%3], i)
 	}
-	head, _ = h.LatestSequence(ctx)
-	checkCounts(t, db, h.store.s.(*sqliteStore), head)
+	head, _ = h.Head(ctx)
+	checkCounts(t, db, h, head)
 }
 
 func TestMigrateOrdinalsFromOldSchema(t *testing.T) {
@@ -131,7 +134,7 @@ func TestMigrateOrdinalsFromOldSchema(t *testing.T) {
 	if _, err := db.Exec(`DELETE FROM events WHERE sequence <= 100`); err != nil {
 		t.Fatal(err)
 	}
-	h := newTestHub(t, db, Options{})
+	h := openTestStore(t, db)
 	var unnumbered int
 	if err := db.QueryRow(`SELECT count(*) FROM events WHERE ordinal IS NULL OR topic_ordinal IS NULL`).Scan(&unnumbered); err != nil || unnumbered != 0 {
 		t.Fatalf("%d rows left unnumbered (%v)", unnumbered, err)
@@ -151,27 +154,107 @@ func TestMigrateOrdinalsFromOldSchema(t *testing.T) {
 		t.Fatalf("topic indexes after migration: %v", idx)
 	}
 	for i := range 30 {
-		mustPublish(t, h, []string{"a", "b", ""}[i%3], i)
+		mustAppend(t, h, []string{"a", "b", ""}[i%3], i)
 	}
-	checkCounts(t, db, h.store.s.(*sqliteStore), old+30)
+	checkCounts(t, db, h, old+30)
 
 	// An earlier version still writing the file appends unnumbered rows:
 	// counts stay exact (row by row), this version's rows stay unnumbered
 	// behind them, and the next New numbers them all.
 	insertOld(t, db, old, 40)
-	mustPublish(t, h, "a", "after an old writer")
+	mustAppend(t, h, "a", "after an old writer")
 	var last sql.NullInt64
 	if err := db.QueryRow(`SELECT ordinal FROM events ORDER BY sequence DESC LIMIT 1`).Scan(&last); err != nil || last.Valid {
 		t.Fatalf("a row after unnumbered ones got ordinal %v (%v)", last, err)
 	}
-	checkCounts(t, db, h.store.s.(*sqliteStore), old+71)
-	secondHub(t, path, Options{})
+	checkCounts(t, db, h, old+71)
+	secondStore(t, path)
 	if err := db.QueryRow(`SELECT count(*) FROM events WHERE ordinal IS NULL`).Scan(&unnumbered); err != nil || unnumbered != 0 {
 		t.Fatalf("%d rows left unnumbered after the second New (%v)", unnumbered, err)
 	}
-	mustPublish(t, h, "b", "numbered again")
+	mustAppend(t, h, "b", "numbered again")
 	if err := db.QueryRow(`SELECT ordinal FROM events ORDER BY sequence DESC LIMIT 1`).Scan(&last); err != nil || !last.Valid {
 		t.Fatalf("the newest row has ordinal %v (%v)", last, err)
 	}
-	checkCounts(t, db, h.store.s.(*sqliteStore), old+72)
+	checkCounts(t, db, h, old+72)
+}
+
+// The replay queries must be index range scans merged by sequence, never a
+// MULTI-INDEX OR or a temp B-tree sort (measured ~5x slower at 1M rows).
+func TestReplayQueryPlans(t *testing.T) {
+	db, _ := openTestDB(t)
+	openTestStore(t, db)
+	kinds := map[int]string{kindReplay: "replay", kindPage: "page", kindLatest: "latest", kindBoundary: "boundary", kindOrdinals: "ordinals", kindCount: "count"}
+	for _, n := range []int{0, 1, 2, 32} {
+		for kind, name := range kinds {
+			name := fmt.Sprintf("%s/%d topics", name, n)
+			topics := make([]string, n)
+			for i := range topics {
+				topics[i] = fmt.Sprintf("t%d", i)
+			}
+			rows, err := db.Query("EXPLAIN QUERY PLAN "+scopeQuery(kind, n), scopeArgs(topics, 1, 100, 10)...)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			var plan []string
+			for rows.Next() {
+				var id, parent, unused int
+				var detail string
+				if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, detail)
+			}
+			rows.Close()
+			all := strings.Join(plan, " | ")
+			for _, bad := range []string{"TEMP B-TREE", "MULTI-INDEX OR", "SCAN events"} {
+				if strings.Contains(all, bad) {
+					t.Errorf("%s plan uses %s: %s", name, bad, all)
+				}
+			}
+			if n == 0 {
+				continue
+			}
+			scans := n + 1
+			if kind == kindOrdinals {
+				scans = 2 * (n + 1)
+			}
+			if got := strings.Count(all, "USING INDEX events_topic_sequence_ordinal") + strings.Count(all, "USING COVERING INDEX events_topic_sequence_ordinal"); got != scans {
+				t.Errorf("%s plan is %d index range scans, want %d: %s", name, got, scans, all)
+			}
+			if kind == kindReplay || kind == kindLatest || kind == kindBoundary || kind == kindPage {
+				if !strings.Contains(all, "MERGE (UNION ALL)") {
+					t.Errorf("%s plan does not merge: %s", name, all)
+				}
+			}
+		}
+	}
+}
+
+// A read that took a cached statement just before the store's Close closed
+// it runs the query from its text: reads keep working after Close.
+func TestReadWithAStatementClosedByClose(t *testing.T) {
+	db, _ := openTestDB(t)
+	l := openTestStore(t, db)
+	ev := mustAppend(t, l, "a", 1)
+	ctx := context.Background()
+	if _, err := l.Read(ctx, storage.ReadRequest{Scope: []string{"a"}}); err != nil {
+		t.Fatal(err)
+	}
+	q := scopeQuery(kindPage, 1)
+	st := l.stmts.load(q)
+	if st == nil {
+		t.Fatal("the page query was not cached by a read")
+	}
+	l.stmts.close() // what Close does to the statements
+	rows, prepared, err := l.stmts.queryWith(ctx, db, st, q, scopeArgs([]string{"a"}, 0, maxSequence, 101)...)
+	if err != nil {
+		t.Fatalf("read with the closed statement: %v", err)
+	}
+	var p storage.Page
+	err = readPage(rows, storage.ReadRequest{Limit: 100, MaxBytes: maxInt}, &p)
+	rows.Close()
+	if err != nil || prepared || p.Head != ev.Sequence || len(p.Events) != 1 {
+		t.Fatalf("read: %+v, prepared %v, %v; want head %d, one event, from the text", p, prepared, err, ev.Sequence)
+	}
 }

@@ -1,4 +1,4 @@
-package replayd
+package sqlitestore
 
 import (
 	"context"

@@ -1,31 +1,32 @@
-package replayd_test
+package sqlitestore_test
 
 import (
-	"io"
 	"testing"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/sqlitestore"
 	"github.com/replayd/replayd/storetest"
 )
 
 // The SQLite store keeps the storage contract: each subtest gets a new
 // database file, and each store on it its own *sql.DB, as another process
-// would.
+// would. (The hub over it runs hubtest and chaostest in the root package,
+// through replayd.New.)
 func TestSQLiteStoreConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) func() replayd.Store {
 		path := t.TempDir() + "/log.db"
 		return func() replayd.Store {
-			db, err := replayd.OpenDB(path)
+			db, err := sqlitestore.OpenDB(path)
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, err := replayd.NewSQLiteStore(db)
+			s, err := sqlitestore.Open(db, sqlitestore.Options{})
 			if err != nil {
 				db.Close()
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {
-				s.(io.Closer).Close()
+				s.Close()
 				db.Close()
 			})
 			return s

@@ -1,4 +1,4 @@
-package replayd
+package sqlitestore
 
 import (
 	"context"
@@ -46,7 +46,7 @@ const (
 // and after. A clock at or behind the head raises nothing; one behind it is
 // logged, if logger is not nil: a backup restored later may then reuse
 // sequences.
-func (l *sqliteStore) raiseFloor(ctx context.Context, now int64, logger *slog.Logger) (before, after int64, err error) {
+func (l *Store) raiseFloor(ctx context.Context, now int64, logger *slog.Logger) (before, after int64, err error) {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
 	err = l.writeTx(ctx, func(conn *sql.Conn) error {

@@ -1,4 +1,4 @@
-package replayd
+package sqlitestore
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // logWriter is the connection the hub's writer goroutine appends on, with
@@ -74,7 +76,7 @@ func (w *logWriter) close(broken bool) {
 // and never below the newest stored row's.
 //
 // The caller holds l.writeMu.
-func (l *sqliteStore) appendBatch(ctx context.Context, evs []Event, dup []bool) error {
+func (l *Store) appendBatch(ctx context.Context, evs []storage.Event, dup []bool) error {
 	if err := l.reserveWriter(ctx); err != nil {
 		return err
 	}
@@ -92,7 +94,7 @@ func (l *sqliteStore) appendBatch(ctx context.Context, evs []Event, dup []bool) 
 // connection behind readers; appendBatch calls it again after a broken
 // connection was dropped, or on a pool of one, which the writer cannot keep.
 // The caller holds l.writeMu.
-func (l *sqliteStore) reserveWriter(ctx context.Context) error {
+func (l *Store) reserveWriter(ctx context.Context) error {
 	if l.writer != nil {
 		return nil
 	}
@@ -104,7 +106,7 @@ func (l *sqliteStore) reserveWriter(ctx context.Context) error {
 	return nil
 }
 
-func (l *sqliteStore) releaseWriter(broken bool) {
+func (l *Store) releaseWriter(broken bool) {
 	if l.writer != nil {
 		l.writer.close(broken)
 		l.writer = nil
@@ -113,7 +115,7 @@ func (l *sqliteStore) releaseWriter(broken bool) {
 
 // append runs one batch; broken reports a connection left in an unknown
 // state.
-func (w *logWriter) append(ctx context.Context, evs []Event, dup []bool) (broken bool, err error) {
+func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool) (broken bool, err error) {
 	if err := retryBusy(ctx, func() error {
 		_, err := w.begin.ExecContext(ctx)
 		return err
@@ -136,7 +138,7 @@ func (w *logWriter) append(ctx context.Context, evs []Event, dup []bool) (broken
 // newest row has no ordinal (an earlier version's rows not yet numbered by
 // backfillOrdinals), it leaves its rows unnumbered too, so that unnumbered
 // rows stay a suffix of the log.
-func (w *logWriter) insertRows(ctx context.Context, evs []Event, dup []bool) error {
+func (w *logWriter) insertRows(ctx context.Context, evs []storage.Event, dup []bool) error {
 	var (
 		newest, last int64
 		lastOrd      sql.NullInt64
@@ -212,4 +214,29 @@ func (w *logWriter) lastTopicOrdinal(ctx context.Context, topic string) (int64, 
 		return 0, nil
 	}
 	return o.Int64, err
+}
+
+// probeWrite takes the write lock on the writer's connection and releases
+// it, writing nothing. The caller holds l.writeMu.
+func (l *Store) probeWrite(ctx context.Context) error {
+	if l.writer == nil {
+		w, err := openLogWriter(ctx, l.db)
+		if err != nil {
+			return err
+		}
+		l.writer = w
+	}
+	_, err := l.writer.begin.ExecContext(ctx)
+	broken := false
+	if err == nil {
+		_, rerr := l.writer.rollback.ExecContext(context.Background())
+		broken = rerr != nil
+	}
+	if broken || l.db.Stats().MaxOpenConnections == 1 {
+		l.releaseWriter(broken) // as appendBatch does
+	}
+	if err != nil {
+		return fmt.Errorf("take the write lock: %w", err)
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package replayd
+package sqlitestore
 
 import (
 	"context"
@@ -32,7 +32,7 @@ type fileGuard struct {
 	opened os.FileInfo // the file as found when the hub was created
 
 	lastCheck atomic.Int64 // unix nanoseconds of the last periodic check
-	mu        sync.Mutex   // serialises checks, so the Error log is one
+	mu        sync.Mutex   // guards a check (stat, then err set once), so the Error log is one
 	err       atomic.Pointer[error]
 }
 
@@ -99,22 +99,23 @@ func (g *fileGuard) check(force bool) (found bool, err error) {
 	default:
 		return false, nil
 	}
-	g.err.Store(&err)
+	stored := err // only this path allocates: &err would make every call do so
+	g.err.Store(&stored)
 	return true, err
 }
 
-// checkLogFile returns an error wrapping ErrLogReplaced once the database
+// checkFile returns an error wrapping ErrLogReplaced once the database
 // file was deleted or replaced, and logs that at Error the first time.
 // Without force it looks at the file at most once per fileCheckInterval.
-func (h *EventHub) checkLogFile(force bool) error {
-	if h.file == nil {
+func (l *Store) checkFile(force bool) error {
+	if l.file == nil {
 		return nil
 	}
-	found, err := h.file.check(force)
-	if found {
-		h.logger.Error("replayd: the database file was deleted or replaced under the hub; every publish is refused. "+
+	found, err := l.file.check(force)
+	if found && l.logger != nil {
+		l.logger.Error("replayd: the database file was deleted or replaced under the hub; every publish is refused. "+
 			"Close the hub and the *sql.DB, put the right file in place and open them again",
-			"path", h.file.path, "err", err)
+			"path", l.file.path, "err", err)
 	}
 	return err
 }

@@ -1,0 +1,62 @@
+package sqlitestore
+
+import (
+	"database/sql"
+	"log/slog"
+	"sync"
+
+	"github.com/replayd/replayd/storage"
+)
+
+// Writes.
+const (
+	qLastRow          = `SELECT sequence, created_at, ordinal FROM events ORDER BY sequence DESC LIMIT 1`
+	qLastTopicOrdinal = `SELECT topic_ordinal FROM events WHERE topic = ? ORDER BY sequence DESC LIMIT 1`
+	qLastBroadcastOrd = `SELECT topic_ordinal FROM events WHERE topic IS NULL ORDER BY sequence DESC LIMIT 1`
+	qInsert           = `INSERT INTO events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)
+		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+	qByEventID = `SELECT ` + eventColumns + ` FROM events WHERE event_id = ?`
+
+	qPruneHead      = `SELECT sequence, topic, created_at FROM events ORDER BY sequence LIMIT ?`
+	qPruneCountEdge = `SELECT coalesce((SELECT sequence FROM events ORDER BY sequence DESC LIMIT 1 OFFSET ?), 0)`
+	qPruneDelete    = `DELETE FROM events WHERE sequence <= ?`
+	qPruneMark      = `INSERT INTO events_prune_watermarks (topic, sequence) VALUES (?, ?)
+		ON CONFLICT (topic) DO UPDATE SET sequence = max(sequence, excluded.sequence)`
+)
+
+// Store is the SQLite [storage.Store]: one table whose row sequence is the
+// SSE id, and a tiny one of prune watermarks. It serialises this process's
+// writes (appends, prune batches, schema, the Ready probe) on writeMu, so
+// they queue here instead of in SQLite's sleeping busy handler; other
+// processes' writes are waited for by the busy timeout.
+type Store struct {
+	db     *sql.DB
+	file   *fileGuard   // the database file's identity (see fileid.go), checked before appends
+	stmts  stmtCache    // the reads' prepared statements
+	logger *slog.Logger // nil: discard
+
+	// writeMu serialises the write transactions of this store and guards
+	// writer and closed.
+	writeMu sync.Mutex
+	writer  *logWriter // Append's connection
+	closed  bool
+
+	// testHookHandshake, if set, runs inside readHandshake's read
+	// transaction, holding its pooled connection.
+	testHookHandshake func()
+}
+
+var (
+	_ storage.Store         = (*Store)(nil)
+	_ storage.SchemaEnsurer = (*Store)(nil)
+	_ storage.WriteProber   = (*Store)(nil)
+	_ storage.PoolSizer     = (*Store)(nil)
+)
+
+// topicArg is the SQL value of a topic: NULL for a broadcast.
+func topicArg(topic string) any {
+	if topic == "" {
+		return nil
+	}
+	return topic
+}
