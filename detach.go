@@ -17,11 +17,10 @@ import (
 // A detached stream (SSEOptions.DetachConnections) runs on the HTTP/1.1
 // connection taken over from net/http: the handler returns at once, so
 // net/http's serving goroutine, its background read and its buffers go.
-// A goroutine of the stream's own writes its hello and replay (openStream,
-// as on net/http's path), then the stream parks (detach_park.go): an idle
-// stream is its socket, its queue and its state, with no goroutine. It
-// writes through connWriter, a ResponseWriter over the bare connection, so
-// the stream's queue, deadline and kill logic are the same on both paths.
+// The stream lives on as the socket, the stream's own state and one
+// goroutine (serveDetached) on a small stack. It writes through
+// connWriter, a ResponseWriter over the bare connection, so the stream's
+// queue, deadline and kill logic are the same on both paths.
 
 // startStream starts an admitted stream request: on w, returned ready for
 // its live phase on the handler's goroutine (nil if it ended), or,
@@ -116,22 +115,17 @@ func (l *liveStream) endAttached() {
 	l.release()
 }
 
-// serveDetached runs a detached stream: its handshake and replay on this
-// goroutine, then its live phase parked, on no goroutine of its own
-// (detach_park.go). A stream that ends before it parks is ended here.
+// serveDetached runs a detached stream on a goroutine of its own: its
+// handshake and replay in openStream, then its live phase, waiting in
+// liveLoop called from here, so that an idle stream's stack holds only this
+// frame, liveLoop's and a channel receive's: it settles at 4 KiB (8 KiB with
+// the loop under serveStream's frame, as before).
 func (h *EventHub) serveDetached(cw *connWriter, r *http.Request, topics []string, rawCursor string, end func()) {
-	parked := false
-	defer func() {
-		if p := recover(); p != nil || !parked {
-			h.endDetached(cw, r.RemoteAddr, end, p)
-		}
-	}()
-	l := h.openStream(cw, r, topics, rawCursor)
-	if l == nil {
-		return
+	defer func() { h.endDetached(cw, r.RemoteAddr, end, recover()) }()
+	if l := h.openStream(cw, r, topics, rawCursor); l != nil {
+		defer l.finish()
+		l.liveLoop()
 	}
-	parked = true // its runs end it from here on
-	l.parkDetached(cw, end)
 }
 
 // endDetached closes a detached stream's connection and frees its

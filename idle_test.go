@@ -328,8 +328,8 @@ func BenchmarkIdleStreams(b *testing.B) {
 }
 
 // TestIdleStreamMemory holds a detached stream to the target
-// BenchmarkIdleStreams reports, at a smaller count: at most 12 KiB, with no
-// goroutine of its own, fresh or after a replay, on a topic or global. The
+// BenchmarkIdleStreams reports, at a smaller count: at most 12 KiB, with one
+// goroutine, fresh or after a replay, on a topic or global. The
 // default path's figure is logged, not held: how large net/http's
 // goroutines start depends on the stacks the runtime saw at its last
 // collections (adaptive initial stack size), so on what ran before in the
@@ -348,8 +348,8 @@ func TestIdleStreamMemory(t *testing.T) {
 			if r.perStream > 12<<10 {
 				t.Errorf("%s: %.2f KiB a stream, over 12 KiB", s, r.perStream/1024)
 			}
-			if r.goroutines > 0.05 {
-				t.Errorf("%s: %.3f goroutines a stream: an idle detached stream should have none", s, r.goroutines)
+			if r.goroutines > 1.05 {
+				t.Errorf("%s: %.3f goroutines a stream: an idle detached stream has one", s, r.goroutines)
 			}
 		}
 	}

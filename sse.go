@@ -137,8 +137,6 @@ type liveStream struct {
 	// A stream served in its handler's: ends its revocation watch; frees
 	// its admission.
 	unrevoke, release func()
-
-	parked // a detached stream's, once it parks (detach_park.go)
 }
 
 // openStream subscribes a new stream and writes its hello, its gap and its
@@ -291,11 +289,11 @@ func (l *liveStream) finish() {
 }
 
 // liveLoop streams live events and heartbeats until the client, the hub or
-// a write gives up, on the goroutine that opened the stream (a parked
-// stream has none: see detach_park.go). Its one wait is a receive on the
-// stream's wake channel, which the queue, the heartbeat timer and the
-// context's end all signal: that keeps an idle stream's stack shallow (see
-// openStream), as does keeping it out of line.
+// a write gives up, on the goroutine that opened the stream. Its one wait
+// is a receive on the stream's wake channel, which the queue, the
+// heartbeat timer and the context's end all signal: a channel receive's
+// frames are smaller than a select's, which keeps an idle stream's stack
+// shallow (see openStream), as does keeping liveLoop out of line.
 //
 //go:noinline
 func (l *liveStream) liveLoop() {
@@ -600,7 +598,6 @@ type stream struct {
 	wake chan struct{} // signalled when the queue gains frames or s dies
 
 	mu       sync.Mutex // guards the fields below
-	notify   func()     // if set, called instead of signalling wake (a parked stream's)
 	queue    []*liveEvent
 	spare    []*liveEvent // the drained queue, reused
 	queued   int          // bytes pushed and not yet written
@@ -631,13 +628,8 @@ func (s *stream) push(le *liveEvent) {
 	}
 	s.queue = append(s.queue, le)
 	s.queued += len(le.frame)
-	notify := s.notify
 	s.mu.Unlock()
 	s.m.liveFramesQueued(1)
-	if notify != nil {
-		notify()
-		return
-	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -734,10 +726,6 @@ func (s *stream) killLocked() {
 	clear(s.queue)
 	s.queue = nil
 	_ = s.rc.SetWriteDeadline(time.Now())
-	if s.notify != nil {
-		s.notify()
-		return
-	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
