@@ -7,4 +7,4 @@ import "testing"
 // loadRaiseNoFile is a no-op where there is no RLIMIT_NOFILE, or where its
 // fields are not uint64 (the BSDs): the load test then runs at the limit
 // the process has.
-func loadRaiseNoFile(*testing.T, uint64) {}
+func loadRaiseNoFile(testing.TB, uint64) {}

@@ -8,7 +8,7 @@ import (
 )
 
 // loadRaiseNoFile makes sure this process may open n files.
-func loadRaiseNoFile(t *testing.T, n uint64) {
+func loadRaiseNoFile(t testing.TB, n uint64) {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatalf("getrlimit: %v", err)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,22 +22,36 @@ const writeTimeout = 15 * time.Second
 type sseHandler EventHub
 
 func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h := (*EventHub)(sh)
+	// A stream served on this goroutine sits in liveLoop called from here,
+	// so its idle stack holds only net/http's frames, this one and
+	// liveLoop's (see openStream).
+	if l := (*EventHub)(sh).startSSE(w, r); l != nil {
+		defer l.endAttached()
+		l.liveLoop()
+	}
+}
+
+// startSSE admits and starts a stream request. It returns the stream if
+// it is to be served on this goroutine (see startStream), nil if it ended
+// or was detached.
+//
+//go:noinline
+func (h *EventHub) startSSE(w http.ResponseWriter, r *http.Request) *liveStream {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
 	case http.MethodOptions:
 		h.preflight(w, r, "GET, HEAD, OPTIONS")
-		return
+		return nil
 	default:
 		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
+		return nil
 	}
 	query, topics, release, ok := h.admit(w, r, transportSSE)
 	if !ok {
-		return
+		return nil
 	}
-	defer func() { release() }() // a detached stream takes it over (startStream)
+	defer func() { release() }() // a stream that goes on takes it over (startStream)
 	rawCursor := r.Header.Get("Last-Event-ID")
 	if rawCursor == "" {
 		rawCursor = query.Get("lastEventId")
@@ -44,9 +59,9 @@ func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	setStreamHeaders(w)
 	if r.Method == http.MethodHead {
 		w.WriteHeader(http.StatusOK)
-		return
+		return nil
 	}
-	h.startStream(w, r, topics, rawCursor, &release)
+	return h.startStream(w, r, topics, rawCursor, &release)
 }
 
 // setStreamHeaders sets the headers of an SSE response (PROTOCOL.md, "Response").
@@ -103,10 +118,37 @@ func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request, allow strin
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// serveStream runs one SSE connection: subscribe, read the log, write hello,
-// gap and replay, then stream live events until the client, the hub or a
-// write gives up.
-func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) {
+// liveStream is a stream past its hello and replay: what its live phase
+// needs, and what its end must undo.
+type liveStream struct {
+	h      *EventHub
+	s      *stream
+	w      http.ResponseWriter
+	ctx    context.Context
+	topics []string
+	topic  string // the single topic, for HeartbeatData; "" if none
+	remote string // the client's address, for logs
+	floor  int64  // the last sequence written; the queue may repeat some at or below it
+
+	hb      *time.Timer // the heartbeat timer; nil without heartbeats
+	beatDue atomic.Bool // hb fired
+	stopCtx func() bool // stops the wake-up at the context's end
+
+	// A stream served in its handler's: ends its revocation watch; frees
+	// its admission.
+	unrevoke, release func()
+}
+
+// openStream subscribes a new stream and writes its hello, its gap and its
+// replay. It returns the stream ready for its live phase, or nil if it
+// ended (its end undone already). Everything it needs on the stack is gone
+// once it returns: the runtime sizes a goroutine's stack by the deepest call
+// it made and halves it, at a collection, only down to what the goroutine
+// uses, so a stream that parks below openStream's frame would hold a stack
+// twice as large (measured through net/http: 16 KiB against 8 KiB a stream).
+//
+//go:noinline
+func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) *liveStream {
 	o := &h.opts.SSE
 	if !canFlush(w) {
 		// Without flushing nothing reaches the client until the handler
@@ -119,18 +161,14 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		}
 		http.Error(w, "server misconfigured: the ResponseWriter has no Flush (nor Unwrap), so events cannot be streamed",
 			http.StatusInternalServerError)
-		return
+		return nil
 	}
 	if isRevoked(r.Context()) {
 		// Revoked before it was served: refused, as by Authorize, but in
 		// a way that makes an EventSource come back (see WithRevocation).
 		h.metrics.refused(refusedForbidden)
 		endEarly(w, "access revoked")
-		return
-	}
-	topic := "" // the single topic, for the hello and HeartbeatData
-	if len(topics) == 1 {
-		topic = topics[0]
+		return nil
 	}
 	s := &stream{
 		m:      &h.metrics,
@@ -141,24 +179,24 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	}
 	if !h.addStream(s) {
 		endEarly(w, "server is shutting down")
-		return
+		return nil
 	}
-	defer h.removeStream(s)
+	l := &liveStream{h: h, s: s, w: w, ctx: r.Context(), topics: topics, remote: r.RemoteAddr}
+	if len(topics) == 1 {
+		l.topic = topics[0]
+	}
+	live := false
 	defer func() {
-		if s.wasCut() {
-			h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
-				"topics", topics, "remote", r.RemoteAddr, "maxBufferedBytes", s.max)
+		if !live { // an early end, or a panic on its way up
+			l.finish()
 		}
 	}()
 	h.clients.opened(topics)
-	defer h.clients.closed(topics)
 	h.metrics.connOpened(transportSSE)
-	defer h.metrics.connClosed(transportSSE)
 
 	// Subscribe before reading the head: every row committed later is
 	// queued on s, every row committed earlier is at or below the head.
 	h.live.addStream(s)
-	defer h.live.removeStream(s)
 	if h.testHookAfterSubscribe != nil {
 		h.testHookAfterSubscribe()
 	}
@@ -174,12 +212,12 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	// may not have yet.
 	if isRevoked(ctx) {
 		endEarly(w, "access revoked")
-		return
+		return nil
 	}
 	hs, err := h.readHandshake(ctx, topics, readFrom)
 	if isRevoked(ctx) {
 		endEarly(w, "access revoked")
-		return
+		return nil
 	}
 	if err != nil {
 		switch {
@@ -189,7 +227,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "remote", r.RemoteAddr, "err", err)
 			endEarly(w, "event log unavailable")
 		}
-		return
+		return nil
 	}
 	g := gapFor(rawCursor, cursor, valid, hs, o.ReplayLimit)
 	if g != nil {
@@ -203,8 +241,8 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	if hi.Topics == nil {
 		hi.Topics = []string{}
 	}
-	if topic != "" {
-		hi.Topic = &topic
+	if l.topic != "" {
+		hi.Topic = &l.topic
 	}
 	if !s.send(w, func(b []byte) []byte {
 		if o.Retry > 0 {
@@ -216,7 +254,7 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 		}
 		return b
 	}) {
-		return
+		return nil
 	}
 	replayed, ok := 0, true
 	if cursor < hs.Head {
@@ -224,76 +262,150 @@ func (h *EventHub) serveStream(w http.ResponseWriter, r *http.Request, topics []
 	}
 	h.metrics.replayed(transportSSE, replayed)
 	if !ok || isRevoked(ctx) {
-		return
+		return nil
 	}
 	if h.testHookBeforeLive != nil {
 		h.testHookBeforeLive()
 	}
+	// Live. Everything at or below the head was replayed, named in the
+	// gap, or is invisible to this scope; the queue may repeat some of it.
+	l.floor = hs.Head
+	live = true
+	return l
+}
 
-	h.liveLoop(s, w, ctx, topic, hs.Head)
+// finish undoes what openStream did: the stream leaves the live set, the
+// counts and the hub.
+func (l *liveStream) finish() {
+	h, s := l.h, l.s
+	h.live.removeStream(s)
+	h.metrics.connClosed(transportSSE)
+	h.clients.closed(l.topics)
+	if s.wasCut() {
+		h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
+			"topics", l.topics, "remote", l.remote, "maxBufferedBytes", s.max)
+	}
+	h.removeStream(s)
 }
 
 // liveLoop streams live events and heartbeats until the client, the hub or
-// a write gives up. It is a function of its own so that an idle stream's
-// goroutine holds a small stack: the runtime sizes a goroutine's stack by
-// the deepest call it made, and serveStream's frame, kept on the stack
-// below this one, is part of every call (measured with DetachConnections:
-// 8 KiB of stack per idle stream with the loop inline, 4 KiB with it here;
-// git show 60f0bd1:BENCHMARKS.md, "Issue 13"). Kept out of line for the same reason.
+// a write gives up, on the goroutine that opened the stream. Its one wait
+// is a receive on the stream's wake channel, which the queue, the
+// heartbeat timer and the context's end all signal: a channel receive's
+// frames are smaller than a select's, which keeps an idle stream's stack
+// shallow (see openStream), as does keeping liveLoop out of line.
 //
 //go:noinline
-func (h *EventHub) liveLoop(s *stream, w http.ResponseWriter, ctx context.Context, topic string, head int64) {
-	o := &h.opts.SSE
-	// Live. Everything at or below the head was replayed, named in the
-	// gap, or is invisible to this scope; the queue may repeat some of it.
-	floor := head
-	var heartbeat <-chan time.Time
-	if o.HeartbeatInterval > 0 {
-		t := time.NewTicker(o.HeartbeatInterval)
-		defer t.Stop()
-		heartbeat = t.C
-	}
+func (l *liveStream) liveLoop() {
+	signal := l.signal
+	l.arm(signal, func() {
+		l.beatDue.Store(true)
+		signal()
+	})
+	defer l.disarm()
 	for {
-		select {
-		case <-s.wake:
-			q, ok := s.take()
-			if !ok || isRevoked(ctx) {
-				return
-			}
-			ok = s.send(w, func(b []byte) []byte {
-				for _, le := range q {
-					if le.Sequence > floor {
-						b = append(b, le.frame...)
-						floor = le.Sequence
-					}
-				}
-				return b
-			})
-			s.release(q)
-			if !ok {
-				return
-			}
-		case now := <-heartbeat:
-			if isRevoked(ctx) {
-				return
-			}
-			var extra any
-			if o.HeartbeatData != nil {
-				extra = o.HeartbeatData(topic)
-			}
-			data, err := heartbeatData(now.UnixMilli(), extra)
-			if err != nil {
-				h.logger.Warn("replayd: encode HeartbeatData", "topic", topic, "err", err)
-			}
-			if !s.send(w, func(b []byte) []byte { return appendFrame(b, "heartbeat", data) }) {
-				return
-			}
-		case <-ctx.Done():
-			return
-		case <-h.done:
+		<-l.s.wake
+		if !l.step() {
 			return
 		}
 	}
+}
+
+// signal wakes liveLoop.
+func (l *liveStream) signal() {
+	select {
+	case l.s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// arm starts what wakes a live stream besides its queue: its heartbeat
+// timer, which calls beat, and its context's end, which calls wake.
+func (l *liveStream) arm(wake, beat func()) {
+	if iv := l.h.opts.SSE.HeartbeatInterval; iv > 0 {
+		l.hb = time.AfterFunc(iv, beat)
+	}
+	if sc, ok := l.ctx.(*streamCtx); ok {
+		l.stopCtx = sc.AfterFunc(wake) // no context of its own to keep
+	} else {
+		l.stopCtx = context.AfterFunc(l.ctx, wake)
+	}
+}
+
+// disarm stops what arm started.
+func (l *liveStream) disarm() {
+	if l.hb != nil {
+		l.hb.Stop()
+	}
+	if l.stopCtx != nil {
+		l.stopCtx()
+	}
+}
+
+// step does what a wake-up asks, for every reason there may be at once:
+// the stream's end (its context, the hub's), the frames queued, the
+// heartbeat due; false if the stream must end.
+func (l *liveStream) step() bool {
+	if l.ctx.Err() != nil {
+		return false
+	}
+	select {
+	case <-l.h.done:
+		return false
+	default:
+	}
+	if !l.deliver() {
+		return false
+	}
+	if l.beatDue.Swap(false) {
+		if !l.beat(time.Now()) {
+			return false
+		}
+		l.hb.Reset(l.h.opts.SSE.HeartbeatInterval)
+	}
+	return true
+}
+
+// deliver writes what the queue holds above the floor; false if the stream
+// must end.
+func (l *liveStream) deliver() bool {
+	s := l.s
+	q, ok := s.take()
+	if !ok || isRevoked(l.ctx) {
+		s.release(q)
+		return false
+	}
+	if len(q) == 0 {
+		return true
+	}
+	ok = s.send(l.w, func(b []byte) []byte {
+		for _, le := range q {
+			if le.Sequence > l.floor {
+				b = append(b, le.frame...)
+				l.floor = le.Sequence
+			}
+		}
+		return b
+	})
+	s.release(q)
+	return ok
+}
+
+// beat writes a heartbeat; false if the stream must end.
+func (l *liveStream) beat(now time.Time) bool {
+	if isRevoked(l.ctx) {
+		return false
+	}
+	o := &l.h.opts.SSE
+	var extra any
+	if o.HeartbeatData != nil {
+		extra = o.HeartbeatData(l.topic)
+	}
+	data, err := heartbeatData(now.UnixMilli(), extra)
+	if err != nil {
+		l.h.logger.Warn("replayd: encode HeartbeatData", "topic", l.topic, "err", err)
+	}
+	return l.s.send(l.w, func(b []byte) []byte { return appendFrame(b, "heartbeat", data) })
 }
 
 // canFlush reports whether w can flush, found out as http.ResponseController
