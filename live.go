@@ -321,8 +321,8 @@ func (l *live) position() int64 {
 // rows it cannot read into a gap (GapUnreadable), so that its rows are
 // delivered anyway. The tail (onePage) reads at most one page, returns
 // the error to back off and retry, and is called again at once after a
-// full page. It reports how many rows it read from the log, and the
-// CreatedAt of the newest row dispatched (zero if none).
+// full page. It reports how many rows it read from the log, and, for the
+// tail, the CreatedAt of the newest row it dispatched (zero if none).
 func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newest time.Time, err error) {
 	h.live.catchMu.Lock()
 	defer h.live.catchMu.Unlock()
@@ -364,9 +364,11 @@ func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newe
 		h.live.mu.Unlock()
 		return 0, time.Time{}, nil
 	}
-	h.live.mu.Lock()
-	h.live.newestAt = time.Time{}
-	h.live.mu.Unlock()
+	if onePage { // the tail measures its lag from what this call dispatches
+		h.live.mu.Lock()
+		h.live.newestAt = time.Time{}
+		h.live.mu.Unlock()
+	}
 	for pos := h.live.position(); pos < after; pos = h.live.position() {
 		read, err := h.catchUp(after, catchUpPage)
 		n += read
@@ -390,10 +392,15 @@ func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newe
 		}
 		break
 	}
+	if len(rows) > 0 {
+		h.live.mu.Lock()
+		h.live.dispatch(rows)
+		h.metrics.flushLiveFrames()
+		h.live.mu.Unlock()
+		return n, time.Time{}, nil
+	}
 	h.live.mu.Lock()
 	defer h.live.mu.Unlock()
-	h.live.dispatch(rows)
-	h.metrics.flushLiveFrames()
 	return n, h.live.newestAt, nil
 }
 
