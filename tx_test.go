@@ -1,0 +1,323 @@
+package replayd
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
+)
+
+// Publishing inside the application's own transaction on SQLite (tx.go).
+
+// ordersTable creates the application's own table in db.
+func ordersTable(t testing.TB, db *sql.DB) {
+	t.Helper()
+	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shipInTx marks order id shipped and publishes it, in one InTx.
+func shipInTx(ctx context.Context, h *EventHub, id int, opts ...PublishOption) (Event, error) {
+	var ev Event
+	err := h.InTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, status) VALUES (?, 'shipped')
+			ON CONFLICT (id) DO UPDATE SET status = 'shipped'`, id); err != nil {
+			return err
+		}
+		var err error
+		ev, err = h.PublishTx(ctx, tx, "orders", map[string]any{"id": id, "status": "shipped"}, opts...)
+		return err
+	})
+	return ev, err
+}
+
+func countRows(t testing.TB, db *sql.DB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestInTxCommitDelivers(t *testing.T) {
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	c := wiretest.Dial(t, serve(t, h).URL+"?topic=orders", nil)
+	c.Hello()
+
+	ev, err := shipInTx(context.Background(), h, 42, WithEventID("order-42-shipped"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Sequence == 0 || ev.EventID != "order-42-shipped" || ev.Type != "message" || ev.CreatedAt.IsZero() {
+		t.Fatalf("returned event %+v", ev)
+	}
+	f := c.NextIs(ev.Sequence, "the committed event")
+	if f.Data != `{"id":42,"status":"shipped"}` {
+		t.Fatalf("data %q", f.Data)
+	}
+	c.Quiet(300 * time.Millisecond) // once
+	if n := countRows(t, db, `SELECT count(*) FROM orders WHERE id = 42 AND status = 'shipped'`); n != 1 {
+		t.Fatalf("orders rows: %d", n)
+	}
+	// A Publish after it goes on from its sequence, with no gap.
+	next := mustPublish(t, h, "orders", 1)
+	c.NextIs(next.Sequence, "the next publish")
+	if next.Sequence <= ev.Sequence {
+		t.Fatalf("next sequence %d not above %d", next.Sequence, ev.Sequence)
+	}
+}
+
+// TestPublishTxOwnTxDelivers: a transaction the application begins and
+// commits itself; the hub, not tailing, delivers the event after the commit
+// with no further call.
+func TestPublishTxOwnTxDelivers(t *testing.T) {
+	db, path := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	c := wiretest.Dial(t, serve(t, h).URL+"?topic=orders", nil)
+	c.Hello()
+	// Another process's tailing hub gets it too.
+	other := secondHub(t, path, Options{})
+	if _, err := other.StartTail(5*time.Millisecond, TailOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	oc := wiretest.Dial(t, serve(t, other).URL+"?topic=orders", nil)
+	oc.Hello()
+
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, status) VALUES (7, 'shipped')`); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := h.PublishTx(ctx, tx, "orders", map[string]any{"id": 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not committed yet: nothing is delivered.
+	c.Quiet(100 * time.Millisecond)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	c.NextIs(ev.Sequence, "the committed event")
+	oc.NextIs(ev.Sequence, "the committed event, on the other hub")
+	c.Quiet(200 * time.Millisecond)
+	oc.Quiet(10 * time.Millisecond)
+}
+
+func TestInTxRollback(t *testing.T) {
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	var gaps []Gap
+	var gmu sync.Mutex
+	unsub := h.SubscribeWithGaps(func(Event) {}, func(g Gap) { gmu.Lock(); gaps = append(gaps, g); gmu.Unlock() })
+	defer unsub()
+	c := wiretest.Dial(t, serve(t, h).URL+"?topic=orders", nil)
+	c.Hello()
+	ctx := context.Background()
+	head0, _ := h.LatestSequence(ctx)
+
+	// fn fails: InTx rolls back and returns fn's error.
+	boom := errors.New("boom")
+	err := h.InTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, status) VALUES (1, 'shipped')`); err != nil {
+			return err
+		}
+		if _, err := h.PublishTx(ctx, tx, "orders", 1, WithEventID("rolled-back-1")); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("InTx: %v, want boom", err)
+	}
+	// The application's own transaction, rolled back.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.PublishTx(ctx, tx, "orders", 2, WithEventID("rolled-back-2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+
+	if n := countRows(t, db, `SELECT count(*) FROM events WHERE event_id LIKE 'rolled-back-%'`); n != 0 {
+		t.Fatalf("%d rolled-back events in the log", n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d orders after rollbacks", n)
+	}
+	if head, _ := h.LatestSequence(ctx); head != head0 {
+		t.Fatalf("head moved from %d to %d", head0, head)
+	}
+	c.Quiet(300 * time.Millisecond)
+	// The next event follows with no gap frame before it.
+	ev := mustPublish(t, h, "orders", 3)
+	c.NextIs(ev.Sequence, "the next publish")
+	gmu.Lock()
+	defer gmu.Unlock()
+	if len(gaps) != 0 {
+		t.Fatalf("gaps after a rollback: %+v", gaps)
+	}
+}
+
+// TestPublishTxIdempotent: an event id is stored once whichever path
+// stored it first.
+func TestPublishTxIdempotent(t *testing.T) {
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	ctx := context.Background()
+
+	first := mustPublish(t, h, "orders", 1, WithEventID("a"))
+	again, err := shipInTx(ctx, h, 1, WithEventID("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Sequence != first.Sequence || string(again.Payload) != "1" {
+		t.Fatalf("PublishTx of a published id: %+v, want the original %+v", again, first)
+	}
+
+	inTx, err := shipInTx(ctx, h, 2, WithEventID("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry, err := h.Publish(ctx, "orders", "other", WithEventID("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retry.Sequence != inTx.Sequence || retry.EventID != "b" {
+		t.Fatalf("Publish of a PublishTx'd id: %+v, want %+v", retry, inTx)
+	}
+	retryTx, err := shipInTx(ctx, h, 2, WithEventID("b"))
+	if err != nil || retryTx.Sequence != inTx.Sequence {
+		t.Fatalf("PublishTx retry: %+v, %v; want sequence %d", retryTx, err, inTx.Sequence)
+	}
+	for _, id := range []string{"a", "b"} {
+		if n := countRows(t, db, `SELECT count(*) FROM events WHERE event_id = ?`, id); n != 1 {
+			t.Fatalf("event %q stored %d times", id, n)
+		}
+	}
+	// Bad input is refused before anything is written; the transaction goes on.
+	err = h.InTx(ctx, func(tx *sql.Tx) error {
+		if _, err := h.PublishTx(ctx, tx, " bad", 1); !errors.Is(err, ErrInvalid) {
+			return fmt.Errorf("bad topic: %v, want ErrInvalid", err)
+		}
+		_, err := h.PublishTx(ctx, tx, "orders", 3, WithEventID("c"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM events WHERE event_id = 'c'`); n != 1 {
+		t.Fatalf("event c stored %d times", n)
+	}
+}
+
+// TestInTxHeldOpen: a transaction held open while other goroutines
+// Publish. SQLite's single writer serialises them: the publishes wait for
+// the transaction's end, none is lost, and they are delivered in sequence
+// order after the transaction's event.
+func TestInTxHeldOpen(t *testing.T) {
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	var (
+		mu  sync.Mutex
+		got []int64
+	)
+	unsub := h.Subscribe(func(ev Event) { mu.Lock(); got = append(got, ev.Sequence); mu.Unlock() })
+	defer unsub()
+	ctx := context.Background()
+	const publishers, hold = 16, 2 * time.Second
+
+	inside := make(chan struct{})
+	var txEv Event
+	var released time.Time
+	txDone := make(chan error, 1)
+	go func() {
+		txDone <- h.InTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			if txEv, err = h.PublishTx(ctx, tx, "orders", "in tx"); err != nil {
+				return err
+			}
+			close(inside)
+			time.Sleep(hold) // the application's long transaction
+			released = time.Now()
+			return nil
+		})
+	}()
+	select {
+	case <-inside:
+	case err := <-txDone:
+		t.Fatal(err)
+	}
+	type res struct {
+		ev  Event
+		at  time.Time
+		err error
+	}
+	results := make(chan res, publishers)
+	for i := range publishers {
+		go func() {
+			ev, err := h.Publish(ctx, "orders", i)
+			results <- res{ev, time.Now(), err}
+		}()
+	}
+	select {
+	case err := <-txDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(hold + waitFor):
+		t.Fatal("InTx did not return")
+	}
+	var pubs []int64
+	for range publishers {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("publish during the transaction: %v", r.err)
+		}
+		if r.at.Before(released) {
+			t.Fatalf("a publish returned at %v, before the transaction ended at %v", r.at, released)
+		}
+		if r.ev.Sequence <= txEv.Sequence {
+			t.Fatalf("publish got %d, not above the transaction's %d", r.ev.Sequence, txEv.Sequence)
+		}
+		pubs = append(pubs, r.ev.Sequence)
+	}
+	deadline := time.Now().Add(waitFor)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n >= publishers+1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != publishers+1 || got[0] != txEv.Sequence {
+		t.Fatalf("delivered %v; want the transaction's %d then %d publishes", got, txEv.Sequence, publishers)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] <= got[i-1] {
+			t.Fatalf("delivered out of order: %v", got)
+		}
+	}
+}
