@@ -1,14 +1,18 @@
 package replayd
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/replayd/replayd/internal/childproc"
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
@@ -320,4 +324,96 @@ func TestInTxHeldOpen(t *testing.T) {
 			t.Fatalf("delivered out of order: %v", got)
 		}
 	}
+}
+
+const txCrashChildEnv = "REPLAYD_TXCRASH_CHILD" // the database path: run as the child
+
+// TestPublishTxCrashAfterCommit: a child OS process commits an event
+// published in its own transaction and is killed with SIGKILL before it
+// delivers anything. A hub already tailing the file delivers it once, and
+// a hub opened afterwards serves it once by replay.
+func TestPublishTxCrashAfterCommit(t *testing.T) {
+	if path := os.Getenv(txCrashChildEnv); path != "" {
+		txCrashChild(path)
+		os.Exit(0)
+	}
+	db, path := openTestDB(t)
+	ordersTable(t, db)
+	tailing := newTestHub(t, db, Options{})
+	if _, err := tailing.StartTail(10*time.Millisecond, TailOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := wiretest.Dial(t, serve(t, tailing).URL+"?topic=orders", nil)
+	c.Hello()
+
+	lines := make(chan string, 4)
+	child := childproc.Start(t, "TestPublishTxCrashAfterCommit", func(stdout io.Reader) {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}, txCrashChildEnv+"="+path)
+	var seq int64
+	select {
+	case line, ok := <-lines:
+		if _, err := fmt.Sscanf(line, "committed %d", &seq); !ok || err != nil {
+			t.Fatalf("child said %q (%v): %s", line, err, child.Stderr())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the child committed nothing: %s", child.Stderr())
+	}
+	child.Kill()
+	if state := child.Wait(); state.Exited() {
+		t.Fatalf("the child exited by itself (%v): %s", state, child.Stderr())
+	}
+
+	c.NextIs(seq, "the dead child's committed event, through the tail")
+	c.Quiet(300 * time.Millisecond)
+
+	later := secondHub(t, path, Options{})
+	lc := wiretest.Dial(t, serve(t, later).URL+"?topic=orders", wiretest.LastID(seq-1))
+	lc.Hello()
+	lc.NextIs(seq, "the dead child's committed event, by replay")
+	lc.Quiet(300 * time.Millisecond)
+	if n := countRows(t, db, `SELECT count(*) FROM events WHERE event_id = 'crash-order'`); n != 1 {
+		t.Fatalf("stored %d times", n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM orders WHERE id = 9`); n != 1 {
+		t.Fatalf("the order row: %d", n)
+	}
+}
+
+// txCrashChild commits one event in its own transaction, says so, and
+// waits to be killed.
+func txCrashChild(path string) {
+	fail := func(err error) {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	db, err := OpenDB(path)
+	if err != nil {
+		fail(err)
+	}
+	h, err := New(db, Options{})
+	if err != nil {
+		fail(err)
+	}
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		fail(err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, status) VALUES (9, 'shipped')`); err != nil {
+		fail(err)
+	}
+	ev, err := h.PublishTx(ctx, tx, "orders", map[string]any{"id": 9}, WithEventID("crash-order"))
+	if err != nil {
+		fail(err)
+	}
+	if err := tx.Commit(); err != nil {
+		fail(err)
+	}
+	fmt.Printf("committed %d\n", ev.Sequence)
+	io.Copy(io.Discard, os.Stdin) // until killed
 }
