@@ -2,6 +2,7 @@ package replayd
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -11,7 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
@@ -308,6 +311,55 @@ func BenchmarkPollLargePayloads(b *testing.B) {
 			}
 			b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
 			b.ReportMetric(float64(size.Load())/(1<<20), "answer-MiB")
+		})
+	}
+}
+
+// BenchmarkInTx is the benchmark pair of publishing in the application's
+// transaction: each op is one InTx that updates the application's row,
+// then (publish) publishes one event with PublishTx, or (insert) inserts
+// the same row (id, type, topic, payload) into a table of the
+// application's, or (none) nothing more. What the publish adds is
+// publish-none; what a plain insert adds, insert-none.
+func BenchmarkInTx(b *testing.B) {
+	for _, mode := range []string{"none", "insert", "publish"} {
+		b.Run(mode, func(b *testing.B) {
+			db, _ := openTestDB(b)
+			if _, err := db.Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL);
+				CREATE TABLE app_events (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL UNIQUE,
+					type TEXT NOT NULL, topic TEXT, payload TEXT NOT NULL, created_at INTEGER NOT NULL);
+				INSERT INTO orders (id, status) VALUES (42, 'new')`); err != nil {
+				b.Fatal(err)
+			}
+			h := newTestHub(b, db, Options{})
+			ctx := context.Background()
+			payload := map[string]any{"id": 42, "status": "shipped"}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				err := h.InTx(ctx, func(tx *sql.Tx) error {
+					if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ? WHERE id = 42`, fmt.Sprint(i)); err != nil {
+						return err
+					}
+					switch mode {
+					case "insert":
+						data, err := json.Marshal(payload)
+						if err != nil {
+							return err
+						}
+						_, err = tx.ExecContext(ctx, `INSERT INTO app_events (event_id, type, topic, payload, created_at) VALUES (?, ?, ?, ?, ?)`,
+							uuid.NewString(), "message", "orders", string(data), time.Now().UnixMilli())
+						return err
+					case "publish":
+						_, err := h.PublishTx(ctx, tx, "orders", payload)
+						return err
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
