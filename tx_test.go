@@ -417,3 +417,79 @@ func txCrashChild(path string) {
 	fmt.Printf("committed %d\n", ev.Sequence)
 	io.Copy(io.Discard, os.Stdin) // until killed
 }
+
+// TestInTxTakesWriteLock: InTx holds SQLite's write lock from its start,
+// before the application writes anything, so a Publish waits for it.
+func TestInTxTakesWriteLock(t *testing.T) {
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	ctx := context.Background()
+	inside, release := make(chan struct{}), make(chan struct{})
+	txDone := make(chan error, 1)
+	go func() {
+		txDone <- h.InTx(ctx, func(tx *sql.Tx) error {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+				return err
+			}
+			close(inside)
+			<-release
+			_, err := tx.ExecContext(ctx, `INSERT INTO orders (id, status) VALUES (5, 'new')`)
+			return err
+		})
+	}()
+	<-inside
+	pub := make(chan error, 1)
+	go func() {
+		_, err := h.Publish(ctx, "orders", 1)
+		pub <- err
+	}()
+	select {
+	case err := <-pub:
+		t.Fatalf("Publish returned (%v) while InTx held the write lock", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	for _, c := range []chan error{txDone, pub} {
+		select {
+		case err := <-c:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(waitFor):
+			t.Fatal("no answer")
+		}
+	}
+}
+
+// TestInTxMemory: ":memory:" has a pool of one connection, which the
+// transaction holds; the writer and the delivery wait for it.
+func TestInTxMemory(t *testing.T) {
+	db, err := OpenDB(":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	got := make(chan Event, 4)
+	defer h.Subscribe(func(ev Event) { got <- ev })()
+	ctx := context.Background()
+	ev, err := shipInTx(ctx, h, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-got:
+		if d.Sequence != ev.Sequence {
+			t.Fatalf("delivered %d, want %d", d.Sequence, ev.Sequence)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("not delivered")
+	}
+	next := mustPublish(t, h, "orders", 2)
+	if d := <-got; d.Sequence != next.Sequence {
+		t.Fatalf("delivered %d, want %d", d.Sequence, next.Sequence)
+	}
+}
