@@ -3,7 +3,9 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/replayd/replayd/storage"
 )
@@ -24,11 +26,34 @@ import (
 // instead of failing later when a read-then-write cannot be upgraded.
 const qTakeWriteLock = `UPDATE events_skips SET through = through WHERE 0`
 
-// txQueries are the statements AppendTx runs: the writer's (see
-// insertRows). Open prepares them on the *sql.DB, so that AppendTx
-// reuses them on the transaction's connection (Tx.StmtContext) without
-// needing a second connection.
-var txQueries = []string{qLastRow, qLastTopicOrdinal, qLastBroadcastOrd, qInsert, qByEventID, qTakeWriteLock}
+// qInsertTx is the writer's insertRows for one row, in one statement:
+// the same columns and the same values, read in the same snapshot (the
+// transaction's) as the insert. The newest row (l) gives the next ordinal
+// and the floor of created_at; the newest row of the same topic (or of
+// the broadcasts) the next topic ordinal; both are 1 in an empty log.
+// While the newest row has no ordinal (an earlier version's rows not yet
+// numbered by backfillOrdinals), the row is left unnumbered, as
+// insertRows leaves it. AUTOINCREMENT gives the sequence: above the head,
+// so above every range the sequence floor skipped. A known event id
+// inserts nothing and returns no row: AppendTx then reads the original.
+// One statement instead of insertRows' three: an application's
+// transaction pays for each (BENCHMARKS.md).
+const qInsertTx = `INSERT INTO events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)
+	SELECT ?1, ?2, ?3, ?4, max(?5, coalesce(l.created_at, 0)),
+		CASE WHEN l.sequence IS NULL THEN 1 WHEN l.ordinal IS NULL THEN NULL ELSE l.ordinal + 1 END,
+		CASE WHEN l.sequence IS NOT NULL AND l.ordinal IS NULL THEN NULL
+			ELSE 1 + coalesce(CASE WHEN ?3 IS NULL
+				THEN (SELECT topic_ordinal FROM events WHERE topic IS NULL ORDER BY sequence DESC LIMIT 1)
+				ELSE (SELECT topic_ordinal FROM events WHERE topic = ?3 ORDER BY sequence DESC LIMIT 1) END, 0) END
+	FROM (SELECT 1) LEFT JOIN (SELECT sequence, created_at, ordinal FROM events ORDER BY sequence DESC LIMIT 1) AS l
+	WHERE true
+	ON CONFLICT (event_id) DO NOTHING
+	RETURNING sequence, created_at`
+
+// txQueries are the statements AppendTx and BeginTx run. Open prepares
+// them on the *sql.DB, so that they are reused on the transaction's
+// connection (Tx.StmtContext) without needing a second connection.
+var txQueries = []string{qInsertTx, qByEventID, qTakeWriteLock}
 
 // prepareTx prepares txQueries (errors are left to AppendTx, which then
 // prepares on the transaction).
@@ -63,11 +88,12 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 }
 
 // AppendTx inserts evs into the log inside tx, a transaction on the
-// store's *sql.DB, with the same code as Append: each event gets the next
-// sequence (above the head and every skipped range), the next ordinals,
-// and a CreatedAt; an event id already stored (as tx sees the log) stores
-// nothing and returns the original with Duplicate set. The rows become
-// visible, to every process, when tx commits, and vanish with a rollback.
+// store's *sql.DB, as Append does: each event gets the next sequence
+// (above the head and every skipped range), the next ordinals, and a
+// CreatedAt never below the newest row's; an event id already stored (as
+// tx sees the log, its own rows included) stores nothing and returns the
+// original with Duplicate set. The rows become visible, to every process,
+// when tx commits, and vanish with a rollback.
 //
 // It does not take the store's write mutex: tx holds SQLite's write lock
 // from its first write, which the store's own Append waits for. The
@@ -82,33 +108,34 @@ func (l *Store) AppendTx(ctx context.Context, tx *sql.Tx, evs []storage.Event) (
 	if err := l.checkFile(false); err != nil {
 		return nil, err
 	}
-	w := &logWriter{newest: -1} // no cache: another writer may have appended
-	for _, p := range []struct {
-		stmt  **sql.Stmt
-		query string
-	}{
-		{&w.lastRow, qLastRow},
-		{&w.lastTopicOrd, qLastTopicOrdinal},
-		{&w.lastBroadcastOrd, qLastBroadcastOrd},
-		{&w.insert, qInsert},
-		{&w.byEvent, qByEventID},
-	} {
-		st, err := l.txStmt(ctx, tx, p.query)
-		if err != nil {
-			return nil, err
-		}
-		defer st.Close()
-		*p.stmt = st
-	}
-	batch := make([]storage.Event, len(evs))
-	copy(batch, evs)
-	dup := make([]bool, len(evs))
-	if err := w.insertRows(ctx, batch, dup); err != nil {
+	insert, err := l.txStmt(ctx, tx, qInsertTx)
+	if err != nil {
 		return nil, err
 	}
+	defer insert.Close()
 	res := make([]storage.AppendResult, len(evs))
-	for i := range batch {
-		res[i] = storage.AppendResult{Event: batch[i], Duplicate: dup[i]}
+	for i, ev := range evs {
+		var created int64
+		err := insert.QueryRowContext(ctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), time.Now().UnixMilli()).
+			Scan(&ev.Sequence, &created)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			byEvent, err := l.txStmt(ctx, tx, qByEventID)
+			if err != nil {
+				return nil, err
+			}
+			orig, err := scanEvent(byEvent.QueryRowContext(ctx, ev.EventID))
+			byEvent.Close()
+			if err != nil {
+				return nil, fmt.Errorf("read original of duplicate event id: %w", err)
+			}
+			res[i] = storage.AppendResult{Event: orig, Duplicate: true}
+			continue
+		case err != nil:
+			return nil, err
+		}
+		ev.CreatedAt = time.UnixMilli(created)
+		res[i] = storage.AppendResult{Event: ev}
 	}
 	return res, nil
 }
