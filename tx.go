@@ -44,7 +44,8 @@ const (
 // commits it if fn returns nil, else rolls it back and returns fn's error.
 // Events published in it with PublishTx are in the log if and only if it
 // commits; InTx delivers them to this hub's live subscribers before it
-// returns (other hubs on the file, through their tails).
+// returns (other hubs on the file, through their tails). See
+// docs/transactions.md.
 //
 //	err := hub.InTx(ctx, func(tx *sql.Tx) error {
 //		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = 'shipped' WHERE id = ?`, 42); err != nil {
@@ -59,7 +60,7 @@ const (
 // waits until it ends. Keep it short, and never call Publish inside fn
 // (it would wait for fn's own transaction, until the busy timeout fails it).
 // ctx bounds the whole transaction: once it ends, database/sql rolls it
-// back. A hub over a store that is not a storage.TxAppender (PostgreSQL:
+// back. A hub over a store that is not a [TxAppender] (PostgreSQL:
 // use replaydpg's Store.PublishSQLTx) returns an error wrapping
 // errors.ErrUnsupported.
 func (h *EventHub) InTx(ctx context.Context, fn func(tx *sql.Tx) error) (err error) {

@@ -483,3 +483,30 @@ func TestInTxMemory(t *testing.T) {
 		t.Fatalf("delivered %d, want %d", d.Sequence, next.Sequence)
 	}
 }
+
+// TestInTxUnsupportedStore: a store that cannot append in a transaction.
+func TestInTxUnsupportedStore(t *testing.T) {
+	db, _ := openTestDB(t)
+	s, err := NewSQLiteStore(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.(io.Closer).Close()
+	h, err := NewWithStore(struct{ Store }{s}, Options{}) // only the contract
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx := context.Background()
+	if err := h.InTx(ctx, func(*sql.Tx) error { return nil }); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("InTx: %v, want ErrUnsupported", err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := h.PublishTx(ctx, tx, "a", 1); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("PublishTx: %v, want ErrUnsupported", err)
+	}
+}
