@@ -125,7 +125,8 @@ func (h *EventHub) InTx(ctx context.Context, fn func(tx *sql.Tx) error) (err err
 // the tail (StartTail), or the hub's next Publish, does. Other hubs on the
 // file deliver it through their tails.
 //
-// A failed PublishTx writes nothing in tx; tx goes on. A transaction the
+// A PublishTx refused for its arguments (ErrInvalid) writes nothing, and tx
+// goes on; after any other error, roll tx back. A transaction the
 // application begins itself with db.BeginTx is deferred: it takes the write
 // lock at its first write, and if it read before, another writer's commit
 // in between makes that write fail with SQLITE_BUSY at once. Write first,
