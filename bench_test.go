@@ -2,6 +2,7 @@ package replayd
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -11,7 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
@@ -310,4 +313,66 @@ func BenchmarkPollLargePayloads(b *testing.B) {
 			b.ReportMetric(float64(size.Load())/(1<<20), "answer-MiB")
 		})
 	}
+}
+
+// BenchmarkInTxPaired is the benchmark pair of publishing in the
+// application's transaction, interleaved so that a shared machine's load
+// weighs on both alike: each op runs three InTx, each updating the
+// application's row, then (publish) publishing one event with PublishTx,
+// (insert) inserting the same row (event id, type, topic, payload, time,
+// ordinals) into a table of the application's of the log's shape (its
+// columns, unique event id and topic index: as replaydpg's pair uses a
+// table of the outbox's shape), or (none) nothing more. It reports
+// each one's time and added/insert: what the publish adds over none,
+// divided by what the insert adds (the target is at most 1.5).
+func BenchmarkInTxPaired(b *testing.B) {
+	db, _ := openTestDB(b)
+	if _, err := db.Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL);
+		CREATE TABLE app_events (id INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL UNIQUE,
+			type TEXT NOT NULL, topic TEXT, payload TEXT NOT NULL, created_at INTEGER NOT NULL,
+			ordinal INTEGER, topic_ordinal INTEGER);
+		CREATE INDEX app_events_topic ON app_events (topic, id, topic_ordinal);
+		INSERT INTO orders (id, status) VALUES (42, 'new')`); err != nil {
+		b.Fatal(err)
+	}
+	h := newTestHub(b, db, Options{})
+	ctx := context.Background()
+	payload := map[string]any{"id": 42, "status": "shipped"}
+	run := func(mode string, i int) time.Duration {
+		start := time.Now()
+		err := h.InTx(ctx, func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ? WHERE id = 42`, strconv.Itoa(i)); err != nil {
+				return err
+			}
+			switch mode {
+			case "insert":
+				data, err := json.Marshal(payload)
+				if err != nil {
+					return err
+				}
+				_, err = tx.ExecContext(ctx, `INSERT INTO app_events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)
+					VALUES (?, ?, ?, ?, ?, ?, ?)`, uuid.NewString(), "message", "orders", string(data), time.Now().UnixMilli(), i+1, i+1)
+				return err
+			case "publish":
+				_, err := h.PublishTx(ctx, tx, "orders", payload)
+				return err
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	var none, insert, publish time.Duration
+	for i := 0; b.Loop(); i++ {
+		none += run("none", i)
+		insert += run("insert", i)
+		publish += run("publish", i)
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(none.Nanoseconds())/n, "none-ns")
+	b.ReportMetric(float64(insert.Nanoseconds())/n, "insert-ns")
+	b.ReportMetric(float64(publish.Nanoseconds())/n, "publish-ns")
+	b.ReportMetric(float64(publish-none)/float64(insert-none), "added/insert")
 }

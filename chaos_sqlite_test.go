@@ -35,8 +35,9 @@ func TestChaos(t *testing.T) {
 			}, nil
 		}
 	}, chaostest.Config{
-		Seed:       *replayd.ChaosSeedFlag,
-		Duration:   *replayd.ChaosDurationFlag,
-		Disconnect: replayd.Resync,
+		Seed:         *replayd.ChaosSeedFlag,
+		Duration:     *replayd.ChaosDurationFlag,
+		Disconnect:   replayd.Resync,
+		Transactions: true,
 	})
 }

@@ -222,6 +222,7 @@ type EventHub struct {
 	pubs chan *publishReq
 
 	live live
+	txp  txPublisher // InTx and PublishTx (tx.go)
 
 	// conns counts open SSE streams and waiting long polls, against
 	// SSEOptions.MaxConnections (see acquireSlot).

@@ -43,6 +43,10 @@ type (
 	// WriteProber is an optional Store capability: it checks it could
 	// write ([EventHub.Ready] calls it).
 	WriteProber = storage.WriteProber
+	// TxAppender is an optional Store capability: it appends inside the
+	// application's own *sql.Tx on its database ([EventHub.InTx] and
+	// [EventHub.PublishTx] use it; the SQLite store has it).
+	TxAppender = storage.TxAppender
 	// RetentionPolicy bounds the log. Zero fields are no limit: MaxEvents
 	// keeps at most that many newest events of the whole log (not per
 	// topic), MaxAge deletes events older than that.
@@ -69,7 +73,7 @@ var (
 // is lent to it per batch instead): close it when done, after any hub over
 // it, through io.Closer (s.(io.Closer).Close()); it never closes db. Writes
 // after Close fail; reads keep working while db is open. It implements
-// [Store], [SchemaEnsurer] and [WriteProber]; several stores, in one
+// [Store], [SchemaEnsurer], [WriteProber] and [TxAppender]; several stores, in one
 // process or several, may share one database file. Behind New, the hub
 // closes it.
 func NewSQLiteStore(db *sql.DB) (Store, error) {

@@ -126,6 +126,11 @@ type Config struct {
 	// now and then, and at other times closes every connection hub A's
 	// listener accepted; nil: only the latter.
 	Disconnect func(h *replayd.EventHub)
+	// Transactions, if set, makes the publishers also publish inside
+	// transactions on hub A's database (EventHub.InTx), rolling back one in
+	// three: committed events are published ones, rolled-back ones must
+	// never appear. The SQLite run sets it.
+	Transactions bool
 }
 
 const (
@@ -180,6 +185,7 @@ type env struct {
 		badStatus, dropped                                    atomic.Int64
 		forbidden, overloaded, servedAfterOverload            atomic.Int64
 		revokedBefore, revokedWhileServed                     atomic.Int64
+		txCommits, txRollbacks                                atomic.Int64
 	}
 }
 
@@ -586,6 +592,9 @@ func (e *env) check(results []clientResult, goRuns []*ClientRun, subA, subB *Sub
 		e.stats.retriesSame.Load(), e.stats.retriesNew.Load(), len(rows), mark)
 	t.Logf("%d prune calls deleted %d rows; hub B restarted %d times; hub A disconnected all streams %d times, its listener closed all connections %d times",
 		e.stats.pruneCalls.Load(), e.stats.pruned.Load(), e.stats.restarts.Load(), e.stats.resyncs.Load(), e.stats.kills.Load())
+	if e.cfg.Transactions {
+		t.Logf("%d transactions committed events on hub A, %d rolled back", e.stats.txCommits.Load(), e.stats.txRollbacks.Load())
+	}
 	rep.Log(t)
 	ps := &e.polls
 	t.Logf("%d SSE connections dropped before any response; poll clients: %d sessions from an SSE client's id, %d polls (%d long); "+

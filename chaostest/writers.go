@@ -84,6 +84,11 @@ func (e *env) publisher(p int, rng *rand.Rand) {
 			prior = e.ledger.SeqOf(retry)
 			opts = append(opts, replayd.WithEventID(retry))
 		}
+		if e.cfg.Transactions && retry == "" && rng.IntN(12) == 0 {
+			e.publishTx(p, n, rng, topic, payload, opts)
+			e.stats.publishes.Add(1)
+			continue
+		}
 		var ev replayd.Event
 		if rng.IntN(10) == 0 {
 			// Through hub B, which may be restarting: an event id makes

@@ -51,6 +51,7 @@ var (
 	_ storage.SchemaEnsurer = (*Store)(nil)
 	_ storage.WriteProber   = (*Store)(nil)
 	_ storage.PoolSizer     = (*Store)(nil)
+	_ storage.TxAppender    = (*Store)(nil)
 )
 
 // topicArg is the SQL value of a topic: NULL for a broadcast.

@@ -54,6 +54,7 @@ func Open(db *sql.DB, opts Options) (*Store, error) {
 	if s.file, err = newFileGuard(ctx, db); err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
+	s.prepareTx(ctx) // AppendTx's statements, before any transaction needs them
 	if db.Stats().MaxOpenConnections != 1 {
 		s.writeMu.Lock()
 		err = s.reserveWriter(ctx)

@@ -1,7 +1,7 @@
 // Package storage is the contract between a replayd hub and the durable
 // log behind it, in the manner of database/sql/driver: the [Store]
 // interface, its optional capabilities ([Notifier], [SchemaEnsurer],
-// [WriteProber]), and the values that cross it. A backend imports only this
+// [WriteProber], [PoolSizer], [TxAppender]), and the values that cross it. A backend imports only this
 // package; applications name these types through their aliases in package
 // replayd (replayd.Store, replayd.Event, ...), which are the same types.
 //
@@ -13,6 +13,7 @@ package storage
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"time"
@@ -294,4 +295,21 @@ type WriteProber interface {
 // catching up on other processes' rows. 0 means no bound.
 type PoolSizer interface {
 	PoolSize() int
+}
+
+// TxAppender is an optional [Store] capability: a store over a
+// database/sql database with a single writer (SQLite) that appends events
+// inside the application's own transaction on that database, so that they
+// are in the log if and only if it commits. replayd.EventHub.InTx and
+// PublishTx use it.
+type TxAppender interface {
+	// BeginTx begins a transaction on the store's database holding its
+	// write lock (waiting for another writer within the store's busy
+	// timeout).
+	BeginTx(ctx context.Context) (*sql.Tx, error)
+	// AppendTx stores evs in tx as Append does, visible once tx commits:
+	// sequences, CreatedAt, and duplicates by event id (as tx sees the
+	// log) alike. An error may leave some of evs inserted in tx: roll it
+	// back. It never commits nor rolls back tx.
+	AppendTx(ctx context.Context, tx *sql.Tx, evs []Event) ([]AppendResult, error)
 }

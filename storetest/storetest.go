@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/storage"
 )
 
 // Run runs every subtest of the contract against the stores newLog makes.
@@ -388,10 +389,56 @@ func randomLog(t *testing.T, rng *rand.Rand, s, s2 replayd.Store, n int, prefix 
 		if rng.IntN(2) == 1 {
 			st = s2
 		}
-		m.add(appendAll(t, st, batch...)...)
+		if ta, ok := st.(storage.TxAppender); ok && rng.IntN(3) == 0 {
+			m.add(appendInTx(t, ta, batch, rng.IntN(2) == 0)...)
+		} else {
+			m.add(appendAll(t, st, batch...)...)
+		}
 		i += k
 	}
 	return m
+}
+
+// appendInTx appends batch through a store's TxAppender capability, in
+// one transaction, after one that appends the same batch and rolls back
+// (if rollbackFirst): the rolled-back rows must leave no trace, and the
+// committed ones must be numbered as Append numbers them (every model
+// check on the log holds them to it).
+func appendInTx(t *testing.T, ta storage.TxAppender, batch []replayd.Event, rollbackFirst bool) []replayd.Event {
+	t.Helper()
+	ctx := ctxT(t)
+	if rollbackFirst {
+		tx, err := ta.BeginTx(ctx)
+		if err != nil {
+			t.Fatalf("BeginTx: %v", err)
+		}
+		if _, err := ta.AppendTx(ctx, tx, batch); err != nil {
+			t.Fatalf("AppendTx: %v", err)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := ta.BeginTx(ctx)
+	if err != nil {
+		t.Fatalf("BeginTx: %v", err)
+	}
+	res, err := ta.AppendTx(ctx, tx, batch)
+	if err != nil {
+		tx.Rollback()
+		t.Fatalf("AppendTx: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]replayd.Event, len(res))
+	for i, r := range res {
+		if r.Err != nil || r.Duplicate {
+			t.Fatalf("AppendTx: event %d (%s): %+v", i, batch[i].EventID, r)
+		}
+		out[i] = r.Event
+	}
+	return out
 }
 
 var scopes = [][]string{nil, {"a"}, {"b"}, {"a", "c"}, {"c", "b", "a"}, {"nobody"}}
