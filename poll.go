@@ -483,6 +483,9 @@ func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited boo
 // readPoll reads a poll's page under a read slot: for a fresh request only
 // the head counts, and nothing above it is returned.
 func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (Page, error) {
+	if pg, ok := h.pollFromMemory(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes}, fresh); ok {
+		return pg, nil
+	}
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
 			return Page{}, ctx.Err()

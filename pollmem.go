@@ -1,0 +1,262 @@
+package replayd
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Polls near the head are answered from memory: the newest rows live
+// delivery dispatched are kept in a pollWindow, and a poll whose cursor
+// lies in it is answered from it once a probe of the log (its head and its
+// global prune watermark, one snapshot, no payload) shows that the window
+// reaches exactly the head and that nothing above the cursor was pruned.
+// The answer is then the one a log read at the moment of the probe gives,
+// byte for byte. Probes are shared: a poll waits for the next probe to
+// start (never joins one already under way, which may predate it), and one
+// probe answers every poll that waited for it.
+
+// Bounds of the poll window: the newest pollWindowEvents rows, and no older
+// one once they hold pollWindowBytes of payload.
+const (
+	pollWindowEvents = 4096
+	pollWindowBytes  = 4 << 20
+)
+
+// pollWindow holds a contiguous run of the newest rows live delivery
+// dispatched: every row visible in the log with a sequence in (lo, hi], in
+// sequence order. Every change is made under live.mu (the dispatch), and
+// under its own mu, which readers take alone.
+type pollWindow struct {
+	mu       sync.RWMutex
+	valid    bool    // lo, hi and evs describe the log
+	lo, hi   int64   // the window holds every row in (lo, hi]
+	loIssued bool    // lo is a row's sequence (it left the window): never foreign
+	evs      []Event // from start on: the rows, ascending
+	start    int
+	bytes    int // payload bytes of evs[start:]
+
+	// maxEvents and maxBytes bound the window (0: pollWindowEvents,
+	// pollWindowBytes); tests lower them.
+	maxEvents, maxBytes int
+
+	off  atomic.Bool  // tests: answer every poll from the log
+	hits atomic.Int64 // polls answered from the window
+}
+
+// add records rows, which must be every row in (from, last row's sequence].
+// A window that does not end at from starts again there.
+func (w *pollWindow) add(from int64, rows []Event) {
+	if len(rows) == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.valid || w.hi != from {
+		w.clearLocked()
+		w.valid, w.lo, w.hi = true, from, from
+	}
+	// The payloads are copied, in one piece: Publish's caller and Subscribe
+	// callbacks hold the rows' own.
+	size := 0
+	for i := range rows {
+		size += len(rows[i].Payload)
+	}
+	arena := make([]byte, 0, size)
+	for i := range rows {
+		ev := rows[i]
+		if ev.Payload != nil {
+			arena = append(arena, ev.Payload...)
+			ev.Payload = arena[len(arena)-len(ev.Payload) : len(arena) : len(arena)]
+		}
+		w.evs = append(w.evs, ev)
+		w.bytes += len(ev.Payload)
+	}
+	w.hi = rows[len(rows)-1].Sequence
+	maxEvents, maxBytes := cmp.Or(w.maxEvents, pollWindowEvents), cmp.Or(w.maxBytes, pollWindowBytes)
+	for n := len(w.evs) - w.start; n > maxEvents || (n > 1 && w.bytes > maxBytes); n-- {
+		ev := &w.evs[w.start]
+		w.lo, w.loIssued = ev.Sequence, true
+		w.bytes -= len(ev.Payload)
+		*ev = Event{}
+		w.start++
+	}
+	if w.start >= maxEvents {
+		n := copy(w.evs, w.evs[w.start:])
+		clear(w.evs[n:])
+		w.evs, w.start = w.evs[:n], 0
+	}
+}
+
+// reset empties the window: the live position moved without a dispatch of
+// every row in between (a gap, a reset log, nobody subscribed).
+func (w *pollWindow) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.clearLocked()
+}
+
+func (w *pollWindow) clearLocked() {
+	clear(w.evs)
+	w.evs, w.start, w.bytes = w.evs[:0], 0, 0
+	w.valid, w.loIssued, w.lo, w.hi = false, false, 0, 0
+}
+
+// answer answers req from the window, given a probe of the log that found
+// head and the global watermark mark. It reports false when the window
+// cannot give the log's answer: it does not end at the head, the cursor is
+// outside it or not a sequence known never to be foreign, or rows above the
+// cursor may have been pruned.
+func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	cursor := req.After
+	if !w.valid || w.hi != head || cursor < w.lo || cursor > w.hi || mark > cursor {
+		return Page{}, false
+	}
+	evs := w.evs[w.start:]
+	i, found := slices.BinarySearchFunc(evs, cursor, func(ev Event, s int64) int {
+		switch {
+		case ev.Sequence < s:
+			return -1
+		case ev.Sequence > s:
+			return 1
+		}
+		return 0
+	})
+	if found {
+		i++
+	} else if !(cursor == w.hi || cursor == w.lo && w.loIssued) {
+		// Strictly between rows: perhaps inside a range the sequence
+		// floor skipped (a foreign cursor), which only the log knows.
+		return Page{}, false
+	}
+	pg := Page{Head: head}
+	size := 0
+	for ; i < len(evs); i++ {
+		ev := &evs[i]
+		if !inScope(req.Scope, ev.Topic) {
+			continue
+		}
+		if len(pg.Events) == req.Limit || size >= req.MaxBytes {
+			pg.More = true
+			break
+		}
+		pg.Events = append(pg.Events, *ev)
+		size += len(ev.Payload)
+	}
+	return pg, true
+}
+
+// inScope reports whether an event of topic is visible to scope.
+func inScope(scope []string, topic string) bool {
+	return len(scope) == 0 || topic == "" || slices.Contains(scope, topic)
+}
+
+// headProbe shares reads of the log's head and global watermark among the
+// polls waiting for one (see the top of this file).
+type headProbe struct {
+	mu      sync.Mutex
+	running bool
+	next    *probeCall // the probe the polls arriving now wait for
+}
+
+type probeCall struct {
+	start      chan struct{} // closed when its first poll may run it
+	done       chan struct{} // closed once head, mark and err are set
+	head, mark int64
+	err        error
+}
+
+// probe returns the head and the global watermark read in one snapshot
+// that began after the call did.
+func (h *EventHub) probe(ctx context.Context) (head, mark int64, err error) {
+	p := &h.live.probe
+	p.mu.Lock()
+	if !p.running {
+		p.running = true
+		p.mu.Unlock()
+		c := &probeCall{done: make(chan struct{})}
+		h.runProbe(ctx, c)
+		return c.head, c.mark, c.err
+	}
+	c, leader := p.next, false
+	if c == nil {
+		c = &probeCall{start: make(chan struct{}), done: make(chan struct{})}
+		p.next, leader = c, true
+	}
+	p.mu.Unlock()
+	if leader {
+		// Run it once the probe under way ends, even if this poll's ctx
+		// ends: the others wait for it.
+		<-c.start
+		h.runProbe(ctx, c)
+		return c.head, c.mark, c.err
+	}
+	select {
+	case <-c.done:
+		return c.head, c.mark, c.err
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+}
+
+// runProbe reads the log for c, then hands the probe on to the polls that
+// arrived meanwhile.
+func (h *EventHub) runProbe(ctx context.Context, c *probeCall) {
+	if h.acquireRead(ctx) {
+		var pg Page
+		pg, c.err = h.store.Read(ctx, ReadRequest{After: maxSequence, Limit: 1})
+		h.releaseRead()
+		c.head, c.mark = pg.Head, pg.Watermark
+	} else {
+		c.err = ErrClosed
+		if ctx.Err() != nil {
+			c.err = ctx.Err()
+		}
+	}
+	close(c.done)
+	p := &h.live.probe
+	p.mu.Lock()
+	next := p.next
+	p.next = nil
+	if next == nil {
+		p.running = false
+	}
+	p.mu.Unlock()
+	if next != nil {
+		close(next.start)
+	}
+}
+
+// pollFromMemory answers a poll's read from the poll window, if it can
+// give the log's answer; fresh as in readPoll.
+func (h *EventHub) pollFromMemory(ctx context.Context, req ReadRequest, fresh bool) (Page, bool) {
+	w := &h.live.pollWin
+	if w.off.Load() {
+		return Page{}, false
+	}
+	if !fresh {
+		w.mu.RLock()
+		near := w.valid && req.After >= w.lo && req.After <= w.hi
+		w.mu.RUnlock()
+		if !near {
+			return Page{}, false
+		}
+	}
+	head, mark, err := h.probe(ctx)
+	if err != nil {
+		return Page{}, false // the log read says what went wrong
+	}
+	if fresh {
+		w.hits.Add(1)
+		return Page{Head: head}, true
+	}
+	pg, ok := w.answer(req, head, mark)
+	if ok {
+		w.hits.Add(1)
+	}
+	return pg, ok
+}
