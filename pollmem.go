@@ -6,13 +6,14 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Polls near the head are answered from memory: the newest rows live
 // delivery dispatched are kept in a pollWindow, and a poll whose cursor
 // lies in it is answered from it once a probe of the log (its head and its
 // global prune watermark, one snapshot, no payload) shows that the window
-// reaches exactly the head and that nothing above the cursor was pruned.
+// reaches the head and that nothing above the cursor was pruned.
 // The answer is then the one a log read at the moment of the probe gives,
 // byte for byte. Probes are shared: a poll waits for the next probe to
 // start (never joins one already under way, which may predate it), and one
@@ -105,15 +106,18 @@ func (w *pollWindow) clearLocked() {
 }
 
 // answer answers req from the window, given a probe of the log that found
-// head and the global watermark mark. It reports false when the window
-// cannot give the log's answer: it does not end at the head, the cursor is
-// outside it or not a sequence known never to be foreign, or rows above the
-// cursor may have been pruned.
+// head and the global watermark mark: the log's answer at the probe's
+// moment. The window may have gone on since (rows above head are not
+// answered), but must reach head: every row up to head is then in it or
+// below lo. It reports false when the window cannot give the log's answer:
+// it does not reach the head (the live position lags: other processes
+// appended), the cursor is outside it or not a sequence known never to be
+// foreign, or rows above the cursor may have been pruned.
 func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	cursor := req.After
-	if !w.valid || w.hi != head || cursor < w.lo || cursor > w.hi || mark > cursor {
+	if !w.valid || head < w.lo || head > w.hi || cursor < w.lo || cursor > head || mark > cursor {
 		return Page{}, false
 	}
 	evs := w.evs[w.start:]
@@ -128,14 +132,14 @@ func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, bool) {
 	})
 	if found {
 		i++
-	} else if !(cursor == w.hi || cursor == w.lo && w.loIssued) {
+	} else if !(cursor == head || cursor == w.lo && w.loIssued) {
 		// Strictly between rows: perhaps inside a range the sequence
 		// floor skipped (a foreign cursor), which only the log knows.
 		return Page{}, false
 	}
 	pg := Page{Head: head}
 	size := 0
-	for ; i < len(evs); i++ {
+	for ; i < len(evs) && evs[i].Sequence <= head; i++ {
 		ev := &evs[i]
 		if !inScope(req.Scope, ev.Topic) {
 			continue
@@ -160,11 +164,16 @@ func inScope(scope []string, topic string) bool {
 type headProbe struct {
 	mu      sync.Mutex
 	running bool
+	started time.Time  // when the probe under way started
 	next    *probeCall // the probe the polls arriving now wait for
 }
 
+// probeSpacing is the least time between the starts of two probes.
+const probeSpacing = 200 * time.Microsecond
+
 type probeCall struct {
 	start      chan struct{} // closed when its first poll may run it
+	prev       time.Time     // when the probe before it started
 	done       chan struct{} // closed once head, mark and err are set
 	head, mark int64
 	err        error
@@ -176,7 +185,7 @@ func (h *EventHub) probe(ctx context.Context) (head, mark int64, err error) {
 	p := &h.live.probe
 	p.mu.Lock()
 	if !p.running {
-		p.running = true
+		p.running, p.started = true, time.Now()
 		p.mu.Unlock()
 		c := &probeCall{done: make(chan struct{})}
 		h.runProbe(ctx, c)
@@ -192,6 +201,11 @@ func (h *EventHub) probe(ctx context.Context) (head, mark int64, err error) {
 		// Run it once the probe under way ends, even if this poll's ctx
 		// ends: the others wait for it.
 		<-c.start
+		// Probes start at most every probeSpacing, so that under load
+		// one serves many polls: a poll waits for at most that long.
+		if d := probeSpacing - time.Since(c.prev); d > 0 {
+			time.Sleep(d)
+		}
 		h.runProbe(ctx, c)
 		return c.head, c.mark, c.err
 	}
@@ -224,6 +238,9 @@ func (h *EventHub) runProbe(ctx context.Context, c *probeCall) {
 	p.next = nil
 	if next == nil {
 		p.running = false
+	} else {
+		next.prev = p.started
+		p.started = time.Now().Add(max(0, probeSpacing-time.Since(p.started))) // when next will start
 	}
 	p.mu.Unlock()
 	if next != nil {
