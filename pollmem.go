@@ -22,7 +22,7 @@ import (
 // Bounds of the poll window: the newest pollWindowEvents rows, and no older
 // one once they hold pollWindowBytes of payload.
 const (
-	pollWindowEvents = 4096
+	pollWindowEvents = 16384
 	pollWindowBytes  = 4 << 20
 )
 

@@ -78,7 +78,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 		}
 		return resp.StatusCode, body
 	}
-	polls := 0
+	polls, pastHits := 0, 0
 	hits := int64(0)
 	for step := range 2500 {
 		switch r := rng.IntN(100); {
@@ -95,6 +95,26 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 					evs[i].EventID = "id" + strconv.Itoa(rng.IntN(50)) // some repeat: duplicates
 				}
 			}
+			// Reads of the log before the publish, which the window must
+			// still give for a probe made then, though it went on since.
+			probe, err := h.store.Read(ctx, ReadRequest{After: maxSequence, Limit: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reqs []ReadRequest
+			var wants []Page
+			for range 3 {
+				cursor := probe.Head
+				if len(known) > 0 && rng.IntN(4) > 0 {
+					cursor = known[max(0, len(known)-1-rng.IntN(min(len(known), 30)))]
+				}
+				req := ReadRequest{Scope: scopes[rng.IntN(len(scopes))], After: cursor, Limit: rng.IntN(10) + 1, MaxBytes: 1 << 20}
+				want, err := h.store.Read(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reqs, wants = append(reqs, req), append(wants, want)
+			}
 			for _, res := range h.PublishBatch(ctx, evs) {
 				if res.Err != nil {
 					t.Fatal(res.Err)
@@ -102,6 +122,20 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 				if !res.Duplicate {
 					known = append(known, res.Event.Sequence)
 				}
+			}
+			for i, req := range reqs {
+				got, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark)
+				if !ok {
+					continue
+				}
+				want := wants[i]
+				if want.Watermark <= req.After {
+					want.Watermark = 0
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("step %d, read %+v as of head %d:\nfrom memory: %+v\nfrom the log: %+v", step, req, probe.Head, got, want)
+				}
+				pastHits++
 			}
 		case r < 32:
 			// Another process prunes: the hub is not told.
@@ -188,7 +222,10 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 		}
 	}
 	hits += h.live.pollWin.hits.Load()
-	t.Logf("%d polls, %d answered from memory", polls, hits)
+	t.Logf("%d polls, %d answered from memory; %d reads answered as of an earlier probe", polls, hits, pastHits)
+	if pastHits == 0 {
+		t.Fatal("no read was answered as of an earlier probe")
+	}
 	if hits < int64(polls)/4 {
 		t.Fatalf("only %d of %d polls were answered from memory", hits, polls)
 	}
