@@ -45,6 +45,7 @@ type pollEvent struct {
 	Type  string          `json:"type"`
 	Topic *string         `json:"topic"` // null for a broadcast
 	Data  json.RawMessage `json:"data"`
+	asIs  bool            // Data is valid JSON that encodes as it is (encodesAsIs)
 }
 
 func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -257,7 +258,9 @@ func (e *pollEncoder) event(ev *pollEvent) error {
 		b = appendJSONString(b, *ev.Topic)
 	}
 	e.buf = append(b, `,"data":`...)
-	if err := e.raw(ev.Data); err != nil {
+	if ev.asIs {
+		e.write(ev.Data)
+	} else if err := e.raw(ev.Data); err != nil {
 		return err
 	}
 	e.buf = append(e.buf, '}')
@@ -342,7 +345,7 @@ var errInvalidPayload = errors.New("a stored payload is not valid JSON")
 // one of evs' payloads.
 func checkPayloads(evs []pollEvent) error {
 	for i := range evs {
-		if evs[i].Data != nil && !validJSON(evs[i].Data) {
+		if !evs[i].asIs && evs[i].Data != nil && !validJSON(evs[i].Data) {
 			return fmt.Errorf("event %d: %w", evs[i].ID, errInvalidPayload)
 		}
 	}
@@ -390,7 +393,7 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 		if isRevoked(ctx) {
 			return h.revokedPoll(w, ans, releaseCap != nil)
 		}
-		pg, err := h.readPoll(ctx, topics, cursor, fresh, p.limit)
+		pg, asIs, err := h.readPoll(ctx, topics, cursor, fresh, p.limit)
 		if isRevoked(ctx) {
 			return h.revokedPoll(w, ans, releaseCap != nil)
 		}
@@ -426,7 +429,7 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 			ans.Events = make([]pollEvent, 0, len(pg.Events))
 			for i := range pg.Events {
 				ev := &pg.Events[i]
-				pe := pollEvent{ID: ev.Sequence, Type: ev.Type, Data: ev.Payload}
+				pe := pollEvent{ID: ev.Sequence, Type: ev.Type, Data: ev.Payload, asIs: asIs != nil && asIs[i]}
 				if ev.Topic != "" {
 					pe.Topic = &ev.Topic
 				}
@@ -482,15 +485,15 @@ func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited boo
 
 // readPoll reads a poll's page under a read slot: for a fresh request only
 // the head counts, and nothing above it is returned.
-func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (Page, error) {
-	if pg, ok := h.pollFromMemory(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes}, fresh); ok {
-		return pg, nil
+func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (Page, []bool, error) {
+	if pg, asIs, ok := h.pollFromMemory(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes}, fresh); ok {
+		return pg, asIs, nil
 	}
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
-			return Page{}, ctx.Err()
+			return Page{}, nil, ctx.Err()
 		}
-		return Page{}, ErrClosed
+		return Page{}, nil, ErrClosed
 	}
 	defer h.releaseRead()
 	if fresh {
@@ -500,5 +503,5 @@ func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, 
 	if fresh {
 		pg.Watermark, pg.Foreign = 0, false // a fresh request is owed no gap
 	}
-	return pg, err
+	return pg, nil, err
 }

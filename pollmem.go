@@ -36,6 +36,7 @@ type pollWindow struct {
 	lo, hi   int64   // the window holds every row in (lo, hi]
 	loIssued bool    // lo is a row's sequence (it left the window): never foreign
 	evs      []Event // from start on: the rows, ascending
+	asIs     []bool  // asIs[i]: evs[i]'s payload is valid JSON that encodes as it is (encodesAsIs)
 	start    int
 	bytes    int // payload bytes of evs[start:]
 
@@ -73,6 +74,7 @@ func (w *pollWindow) add(from int64, rows []Event) {
 			ev.Payload = arena[len(arena)-len(ev.Payload) : len(arena) : len(arena)]
 		}
 		w.evs = append(w.evs, ev)
+		w.asIs = append(w.asIs, encodesAsIs(ev.Payload))
 		w.bytes += len(ev.Payload)
 	}
 	w.hi = rows[len(rows)-1].Sequence
@@ -86,8 +88,9 @@ func (w *pollWindow) add(from int64, rows []Event) {
 	}
 	if w.start >= maxEvents {
 		n := copy(w.evs, w.evs[w.start:])
+		copy(w.asIs, w.asIs[w.start:])
 		clear(w.evs[n:])
-		w.evs, w.start = w.evs[:n], 0
+		w.evs, w.asIs, w.start = w.evs[:n], w.asIs[:n], 0
 	}
 }
 
@@ -101,7 +104,7 @@ func (w *pollWindow) reset() {
 
 func (w *pollWindow) clearLocked() {
 	clear(w.evs)
-	w.evs, w.start, w.bytes = w.evs[:0], 0, 0
+	w.evs, w.asIs, w.start, w.bytes = w.evs[:0], w.asIs[:0], 0, 0
 	w.valid, w.loIssued, w.lo, w.hi = false, false, 0, 0
 }
 
@@ -113,14 +116,14 @@ func (w *pollWindow) clearLocked() {
 // it does not reach the head (the live position lags: other processes
 // appended), the cursor is outside it or not a sequence known never to be
 // foreign, or rows above the cursor may have been pruned.
-func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, bool) {
+func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, []bool, bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	cursor := req.After
 	if !w.valid || head < w.lo || head > w.hi || cursor < w.lo || cursor > head || mark > cursor {
-		return Page{}, false
+		return Page{}, nil, false
 	}
-	evs := w.evs[w.start:]
+	evs, asIs := w.evs[w.start:], w.asIs[w.start:]
 	i, found := slices.BinarySearchFunc(evs, cursor, func(ev Event, s int64) int {
 		switch {
 		case ev.Sequence < s:
@@ -135,9 +138,10 @@ func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, bool) {
 	} else if !(cursor == head || cursor == w.lo && w.loIssued) {
 		// Strictly between rows: perhaps inside a range the sequence
 		// floor skipped (a foreign cursor), which only the log knows.
-		return Page{}, false
+		return Page{}, nil, false
 	}
 	pg := Page{Head: head}
+	var clean []bool
 	size := 0
 	for ; i < len(evs) && evs[i].Sequence <= head; i++ {
 		ev := &evs[i]
@@ -149,9 +153,34 @@ func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, bool) {
 			break
 		}
 		pg.Events = append(pg.Events, *ev)
+		clean = append(clean, asIs[i])
 		size += len(ev.Payload)
 	}
-	return pg, true
+	return pg, clean, true
+}
+
+// encodesAsIs reports whether raw is valid JSON that pollEncoder.raw
+// would copy unchanged: compact, without <, >, &, U+2028 or U+2029.
+func encodesAsIs(raw []byte) bool {
+	if raw == nil || !validJSON(raw) {
+		return false
+	}
+	inString := false
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case c == '"':
+			inString = !inString
+		case c == '\\':
+			i++
+		case c == '<' || c == '>' || c == '&':
+			return false
+		case c == 0xE2 && i+2 < len(raw) && raw[i+1] == 0x80 && raw[i+2]&^1 == 0xA8:
+			return false
+		case !inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			return false
+		}
+	}
+	return true
 }
 
 // inScope reports whether an event of topic is visible to scope.
@@ -249,31 +278,32 @@ func (h *EventHub) runProbe(ctx context.Context, c *probeCall) {
 }
 
 // pollFromMemory answers a poll's read from the poll window, if it can
-// give the log's answer; fresh as in readPoll.
-func (h *EventHub) pollFromMemory(ctx context.Context, req ReadRequest, fresh bool) (Page, bool) {
+// give the log's answer; fresh as in readPoll. asIs[i], when set, tells
+// that the i-th event's payload needs no check nor rewriting to be encoded.
+func (h *EventHub) pollFromMemory(ctx context.Context, req ReadRequest, fresh bool) (pg Page, asIs []bool, ok bool) {
 	w := &h.live.pollWin
 	if w.off.Load() {
-		return Page{}, false
+		return Page{}, nil, false
 	}
 	if !fresh {
 		w.mu.RLock()
 		near := w.valid && req.After >= w.lo && req.After <= w.hi
 		w.mu.RUnlock()
 		if !near {
-			return Page{}, false
+			return Page{}, nil, false
 		}
 	}
 	head, mark, err := h.probe(ctx)
 	if err != nil {
-		return Page{}, false // the log read says what went wrong
+		return Page{}, nil, false // the log read says what went wrong
 	}
 	if fresh {
 		w.hits.Add(1)
-		return Page{Head: head}, true
+		return Page{Head: head}, nil, true
 	}
-	pg, ok := w.answer(req, head, mark)
+	pg, asIs, ok = w.answer(req, head, mark)
 	if ok {
 		w.hits.Add(1)
 	}
-	return pg, ok
+	return pg, asIs, ok
 }

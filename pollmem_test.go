@@ -52,7 +52,10 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 	scopes := [][]string{nil, {"a"}, {"b"}, {"a", "b"}, {"c", "a"}, {"b", "c"}}
 	var known []int64 // sequences published, ascending
 	payload := func() any {
-		switch rng.IntN(5) {
+		switch rng.IntN(6) {
+		case 4:
+			// Raw, each what the encoder escapes or drops on its own.
+			return []byte([]string{`{"s":"a<b"}`, `["&"]`, "\"\u2029\"", "\"\u2028\"", `[1, 2]`, "[1,\t2]", `{"a":"b"}`}[rng.IntN(7)])
 		case 0:
 			return map[string]any{"n": rng.IntN(1000), "s": "<&>\u2028"}
 		case 1:
@@ -124,7 +127,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 				}
 			}
 			for i, req := range reqs {
-				got, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark)
+				got, _, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark)
 				if !ok {
 					continue
 				}
@@ -206,7 +209,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if got, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark); ok {
+				if got, _, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark); ok {
 					want, err := h.store.Read(ctx, req)
 					if err != nil {
 						t.Fatal(err)
