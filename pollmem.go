@@ -189,21 +189,22 @@ func inScope(scope []string, topic string) bool {
 }
 
 // headProbe shares reads of the log's head and global watermark among the
-// polls waiting for one (see the top of this file).
+// polls waiting for one (see the top of this file). Probes run one at a
+// time, their starts at least probeSpacing apart: under load a probe
+// answers every poll that arrived while the one before ran or waited.
 type headProbe struct {
 	mu      sync.Mutex
-	running bool
-	started time.Time  // when the probe under way started
-	next    *probeCall // the probe the polls arriving now wait for
+	pending *probeCall // not started yet: a poll arriving now waits for it
+	last    *probeCall // the latest probe started
 }
 
-// probeSpacing is the least time between the starts of two probes.
-const probeSpacing = 200 * time.Microsecond
+// probeSpacing is the least time between the starts of two probes: what
+// a poll may wait, under load, for its probe to start.
+const probeSpacing = 500 * time.Microsecond
 
 type probeCall struct {
-	start      chan struct{} // closed when its first poll may run it
-	prev       time.Time     // when the probe before it started
 	done       chan struct{} // closed once head, mark and err are set
+	started    time.Time
 	head, mark int64
 	err        error
 }
@@ -213,42 +214,30 @@ type probeCall struct {
 func (h *EventHub) probe(ctx context.Context) (head, mark int64, err error) {
 	p := &h.live.probe
 	p.mu.Lock()
-	if !p.running {
-		p.running, p.started = true, time.Now()
+	if c := p.pending; c != nil {
 		p.mu.Unlock()
-		c := &probeCall{done: make(chan struct{})}
-		h.runProbe(ctx, c)
-		return c.head, c.mark, c.err
+		select {
+		case <-c.done:
+			return c.head, c.mark, c.err
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		}
 	}
-	c, leader := p.next, false
-	if c == nil {
-		c = &probeCall{start: make(chan struct{}), done: make(chan struct{})}
-		p.next, leader = c, true
-	}
+	// This poll runs the probe, for every poll that arrives until it
+	// starts, even if its own ctx ends meanwhile.
+	c := &probeCall{done: make(chan struct{})}
+	p.pending = c
+	prev := p.last
 	p.mu.Unlock()
-	if leader {
-		// Run it once the probe under way ends, even if this poll's ctx
-		// ends: the others wait for it.
-		<-c.start
-		// Probes start at most every probeSpacing, so that under load
-		// one serves many polls: a poll waits for at most that long.
-		if d := probeSpacing - time.Since(c.prev); d > 0 {
+	if prev != nil {
+		<-prev.done
+		if d := probeSpacing - time.Since(prev.started); d > 0 {
 			time.Sleep(d)
 		}
-		h.runProbe(ctx, c)
-		return c.head, c.mark, c.err
 	}
-	select {
-	case <-c.done:
-		return c.head, c.mark, c.err
-	case <-ctx.Done():
-		return 0, 0, ctx.Err()
-	}
-}
-
-// runProbe reads the log for c, then hands the probe on to the polls that
-// arrived meanwhile.
-func (h *EventHub) runProbe(ctx context.Context, c *probeCall) {
+	p.mu.Lock()
+	p.pending, p.last, c.started = nil, c, time.Now()
+	p.mu.Unlock()
 	if h.acquireRead(ctx) {
 		var pg Page
 		pg, c.err = h.store.Read(ctx, ReadRequest{After: maxSequence, Limit: 1})
@@ -261,20 +250,7 @@ func (h *EventHub) runProbe(ctx context.Context, c *probeCall) {
 		}
 	}
 	close(c.done)
-	p := &h.live.probe
-	p.mu.Lock()
-	next := p.next
-	p.next = nil
-	if next == nil {
-		p.running = false
-	} else {
-		next.prev = p.started
-		p.started = time.Now().Add(max(0, probeSpacing-time.Since(p.started))) // when next will start
-	}
-	p.mu.Unlock()
-	if next != nil {
-		close(next.start)
-	}
+	return c.head, c.mark, c.err
 }
 
 // pollFromMemory answers a poll's read from the poll window, if it can
