@@ -196,6 +196,7 @@ type headProbe struct {
 	mu      sync.Mutex
 	pending *probeCall // not started yet: a poll arriving now waits for it
 	last    *probeCall // the latest probe started
+	hook    func()     // tests: called once a probe has read, before its polls are told; set before any poll
 }
 
 // probeSpacing is the least time between the starts of two probes: what
@@ -248,6 +249,9 @@ func (h *EventHub) probe(ctx context.Context) (head, mark int64, err error) {
 		if ctx.Err() != nil {
 			c.err = ctx.Err()
 		}
+	}
+	if p.hook != nil {
+		p.hook()
 	}
 	close(c.done)
 	return c.head, c.mark, c.err

@@ -10,8 +10,11 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestPollFromMemoryMatchesLog asks random polls twice, once as the hub
@@ -83,7 +86,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 	}
 	polls, pastHits := 0, 0
 	hits := int64(0)
-	for step := range 2500 {
+	for step := range 2000 {
 		switch r := rng.IntN(100); {
 		case r < 30:
 			n := rng.IntN(6) + 1
@@ -255,5 +258,118 @@ func TestPollFromMemoryNotWhenBehind(t *testing.T) {
 	}
 	if n := h.live.pollWin.hits.Load(); n != 0 {
 		t.Fatalf("%d polls answered from memory, want 0", n)
+	}
+}
+
+// TestPollFromMemorySeesOwnPublish: a poll made after a publish returned
+// answers that event, however many polls share probes meanwhile (a probe
+// begun before the poll arrived never answers it).
+func TestPollFromMemorySeesOwnPublish(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := httptest.NewServer(h.PollHandler())
+	t.Cleanup(srv.Close)
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			errs <- func() error {
+				topic := "g" + strconv.Itoa(g)
+				prev, err := h.Publish(context.Background(), topic, 0)
+				if err != nil {
+					return err
+				}
+				for i := range 40 {
+					ev, err := h.Publish(context.Background(), topic, i)
+					if err != nil {
+						return err
+					}
+					resp, err := http.Get(fmt.Sprintf("%s?topic=%s&cursor=%d", srv.URL, topic, prev.Sequence))
+					if err != nil {
+						return err
+					}
+					body, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err != nil {
+						return err
+					}
+					if want := fmt.Sprintf(`"events":[{"id":%d,`, ev.Sequence); !bytes.Contains(body, []byte(want)) {
+						return fmt.Errorf("poll after publishing %d answered %s", ev.Sequence, body)
+					}
+					prev = ev
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h.live.pollWin.hits.Load() == 0 {
+		t.Fatal("no poll was answered from memory")
+	}
+}
+
+// TestPollProbeStartedBeforeNotShared: a poll that arrives once a probe
+// has started waits for the next one, which sees what was committed
+// meanwhile.
+func TestPollProbeStartedBeforeNotShared(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	srv := httptest.NewServer(h.PollHandler())
+	t.Cleanup(srv.Close)
+	ev0 := mustPublish(t, h, "a", 0)
+	ev1 := mustPublish(t, h, "a", 1)
+	reading, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	defer releaseOnce.Do(func() { close(release) }) // before the cleanups wait for the polls
+	first := true
+	h.live.probe.hook = func() { // called by one probe at a time
+		if first {
+			first = false
+			close(reading)
+			<-release
+		}
+	}
+	poll := func(cursor int64) <-chan string {
+		out := make(chan string, 1)
+		go func() {
+			resp, err := http.Get(fmt.Sprintf("%s?topic=a&cursor=%d", srv.URL, cursor))
+			if err != nil {
+				out <- err.Error()
+				return
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			out <- string(body)
+		}()
+		return out
+	}
+	a := poll(ev0.Sequence)
+	<-reading // a's probe has read the log, and has not answered
+	ev2 := mustPublish(t, h, "a", 2)
+	b := poll(ev1.Sequence)
+	// b waits for a probe of its own.
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(time.Millisecond) {
+		h.live.probe.mu.Lock()
+		waiting := h.live.probe.pending != nil && h.live.probe.pending != h.live.probe.last
+		h.live.probe.mu.Unlock()
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second poll never waited for a probe")
+		}
+	}
+	releaseOnce.Do(func() { close(release) })
+	if got := <-a; !strings.Contains(got, fmt.Sprintf(`"events":[{"id":%d,`, ev1.Sequence)) {
+		t.Fatalf("first poll: %s", got)
+	}
+	if got, want := <-b, fmt.Sprintf(`"events":[{"id":%d,`, ev2.Sequence); !strings.Contains(got, want) {
+		t.Fatalf("second poll, after %d was published: %s", ev2.Sequence, got)
+	}
+	if n := h.live.pollWin.hits.Load(); n != 2 {
+		t.Fatalf("%d polls answered from memory, want 2", n)
 	}
 }
