@@ -26,6 +26,21 @@ import (
 // payload (PollOptions), and a poll the log cannot answer gets 503 with
 // Retry-After and {"error":…}. PROTOCOL.md describes the request and the
 // answer.
+//
+// Polls near the head are answered from memory. The hub keeps the newest
+// rows it delivered live (16,384 of them, fewer once they hold 4 MiB of
+// payload), a contiguous run: every row of the log in its range, whoever
+// wrote it. A poll whose cursor is one of them (or the head) is answered
+// from that run after one small read of the log's head and prune
+// watermark, shared by every poll that arrived before it started (such
+// reads start at most every 500 µs, so under load a poll may wait that
+// long for one). The answer is then the one a log read at that moment
+// gives, byte for byte. The log is read as before when the run does not
+// reach the head (other processes appended, and no tail or publish of this
+// hub has brought their rows yet), when rows above the cursor were pruned,
+// for a cursor below the run, between its rows or above the head (such a
+// cursor may be foreign: unknown_cursor), and after a gap or a reset of
+// the log, which empty the run.
 func (h *EventHub) PollHandler() http.Handler { return (*pollHandler)(h) }
 
 type pollHandler EventHub
