@@ -120,7 +120,7 @@ func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, []bool, bo
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	cursor := req.After
-	if !w.valid || head < w.lo || head > w.hi || cursor < w.lo || cursor > head || mark > cursor {
+	if req.Limit <= 0 || req.MaxBytes <= 0 || !w.valid || head < w.lo || head > w.hi || cursor < w.lo || cursor > head || mark > cursor {
 		return Page{}, nil, false
 	}
 	evs, asIs := w.evs[w.start:], w.asIs[w.start:]
@@ -141,7 +141,11 @@ func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, []bool, bo
 		return Page{}, nil, false
 	}
 	pg := Page{Head: head}
-	var clean []bool
+	n := min(req.Limit, len(evs)-i)
+	if n > 0 {
+		pg.Events = make([]Event, 0, n)
+	}
+	clean := make([]bool, 0, n)
 	size := 0
 	for ; i < len(evs) && evs[i].Sequence <= head; i++ {
 		ev := &evs[i]
