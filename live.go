@@ -443,6 +443,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		// Every row up to through is read, even when through itself has no
 		// row (a sequence spent by a duplicate event id, or pruned): the
 		// position may move there.
+		h.live.pollWin.extend(h.live.pos, through)
 		h.live.pos = through
 	}
 	return len(page.Events), nil

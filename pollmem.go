@@ -94,6 +94,16 @@ func (w *pollWindow) add(from int64, rows []Event) {
 	}
 }
 
+// extend records that no row lies in (from, through]: a window that ends
+// at from now ends at through.
+func (w *pollWindow) extend(from, through int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.valid && w.hi == from && through > from {
+		w.hi = through
+	}
+}
+
 // reset empties the window: the live position moved without a dispatch of
 // every row in between (a gap, a reset log, nobody subscribed).
 func (w *pollWindow) reset() {
