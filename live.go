@@ -33,6 +33,11 @@ type live struct {
 	byTopic map[string]map[*stream]struct{}     // "" = global connections
 	funcs   []*funcSub                          // copy on write
 	waiters map[string]map[*pollWaiter]struct{} // waiting long polls; "" = global
+
+	// pollWin holds the newest rows dispatched, to answer polls near the
+	// head (pollmem.go); probe shares those polls' reads of the head.
+	pollWin pollWindow
+	probe   headProbe
 }
 
 // pollWaiter is a long poll waiting for an event of its scope. dispatch
@@ -230,6 +235,7 @@ func (l *live) dispatch(rows []Event) {
 	if len(rows) == 0 {
 		return
 	}
+	l.pollWin.add(l.pos, rows)
 	l.pos = rows[len(rows)-1].Sequence
 	l.newestAt = rows[len(rows)-1].CreatedAt
 	l.subsMu.Lock()
@@ -357,6 +363,13 @@ func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newe
 		// subscriber that arrives later reads the head after subscribing,
 		// so rows up to here reach it by replay.
 		h.live.mu.Lock()
+		// The poll window still takes rows known to be every row above
+		// where they start.
+		from := max(h.live.pos, after)
+		for len(rows) > 0 && rows[0].Sequence <= from {
+			rows = rows[1:]
+		}
+		h.live.pollWin.add(from, rows)
 		h.live.pos = max(h.live.pos, after)
 		if k := len(rows); k > 0 {
 			h.live.pos = max(h.live.pos, rows[k-1].Sequence)
@@ -383,6 +396,7 @@ func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newe
 			h.logger.Error("replayd: cannot read rows committed by another process; reconnecting streams",
 				"from", h.live.pos+1, "through", after, "err", err)
 			h.resync()
+			h.live.pollWin.reset()
 			h.live.gap(Gap{Reason: GapUnreadable, After: h.live.pos, From: h.live.pos + 1, Through: after})
 			h.live.pos = after
 			h.live.mu.Unlock()
@@ -426,6 +440,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		h.logger.Warn("replayd: rows were pruned before live delivery; reconnecting streams",
 			"from", from+1, "through", hole)
 		h.resync()
+		h.live.pollWin.reset()
 		h.live.gap(Gap{Reason: GapPruned, After: from, From: from + 1, Through: hole})
 		h.live.pos = hole
 	}
@@ -435,6 +450,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		// Every row up to through is read, even when through itself has no
 		// row (a sequence spent by a duplicate event id, or pruned): the
 		// position may move there.
+		h.live.pollWin.extend(h.live.pos, through)
 		h.live.pos = through
 	}
 	return len(page.Events), nil
@@ -451,6 +467,7 @@ func (h *EventHub) logReset(head, through int64) {
 	h.logger.Warn("replayd: the log's head is below the live position: the log was reset or replaced; reconnecting streams",
 		"head", head, "livePosition", h.live.pos)
 	h.resync()
+	h.live.pollWin.reset()
 	h.live.gap(Gap{Reason: GapUnknownCursor, After: h.live.pos, From: 1, Through: through})
 	h.live.pos = through
 }

@@ -26,6 +26,21 @@ import (
 // payload (PollOptions), and a poll the log cannot answer gets 503 with
 // Retry-After and {"error":…}. PROTOCOL.md describes the request and the
 // answer.
+//
+// Polls near the head are answered from memory. The hub keeps the newest
+// rows it delivered live (16,384 of them, fewer once they hold 4 MiB of
+// payload), a contiguous run: every row of the log in its range, whoever
+// wrote it. A poll whose cursor is one of them (or the head) is answered
+// from that run after one small read of the log's head and prune
+// watermark, shared by every poll that arrived before it started (such
+// reads start at most every 500 µs, so under load a poll may wait that
+// long for one). The answer is then the one a log read at that moment
+// gives, byte for byte. The log is read as before when the run does not
+// reach the head (other processes appended, and no tail or publish of this
+// hub has brought their rows yet), when rows above the cursor were pruned,
+// for a cursor below the run, between its rows or above the head (such a
+// cursor may be foreign: unknown_cursor), and after a gap or a reset of
+// the log, which empty the run.
 func (h *EventHub) PollHandler() http.Handler { return (*pollHandler)(h) }
 
 type pollHandler EventHub
@@ -45,6 +60,7 @@ type pollEvent struct {
 	Type  string          `json:"type"`
 	Topic *string         `json:"topic"` // null for a broadcast
 	Data  json.RawMessage `json:"data"`
+	asIs  bool            // Data is valid JSON that encodes as it is (encodesAsIs)
 }
 
 func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -257,7 +273,9 @@ func (e *pollEncoder) event(ev *pollEvent) error {
 		b = appendJSONString(b, *ev.Topic)
 	}
 	e.buf = append(b, `,"data":`...)
-	if err := e.raw(ev.Data); err != nil {
+	if ev.asIs {
+		e.write(ev.Data)
+	} else if err := e.raw(ev.Data); err != nil {
 		return err
 	}
 	e.buf = append(e.buf, '}')
@@ -342,7 +360,7 @@ var errInvalidPayload = errors.New("a stored payload is not valid JSON")
 // one of evs' payloads.
 func checkPayloads(evs []pollEvent) error {
 	for i := range evs {
-		if evs[i].Data != nil && !validJSON(evs[i].Data) {
+		if !evs[i].asIs && evs[i].Data != nil && !validJSON(evs[i].Data) {
 			return fmt.Errorf("event %d: %w", evs[i].ID, errInvalidPayload)
 		}
 	}
@@ -390,7 +408,7 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 		if isRevoked(ctx) {
 			return h.revokedPoll(w, ans, releaseCap != nil)
 		}
-		pg, err := h.readPoll(ctx, topics, cursor, fresh, p.limit)
+		pg, asIs, err := h.readPoll(ctx, topics, cursor, fresh, p.limit)
 		if isRevoked(ctx) {
 			return h.revokedPoll(w, ans, releaseCap != nil)
 		}
@@ -426,7 +444,7 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 			ans.Events = make([]pollEvent, 0, len(pg.Events))
 			for i := range pg.Events {
 				ev := &pg.Events[i]
-				pe := pollEvent{ID: ev.Sequence, Type: ev.Type, Data: ev.Payload}
+				pe := pollEvent{ID: ev.Sequence, Type: ev.Type, Data: ev.Payload, asIs: asIs != nil && asIs[i]}
 				if ev.Topic != "" {
 					pe.Topic = &ev.Topic
 				}
@@ -482,12 +500,15 @@ func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited boo
 
 // readPoll reads a poll's page under a read slot: for a fresh request only
 // the head counts, and nothing above it is returned.
-func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (Page, error) {
+func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (Page, []bool, error) {
+	if pg, asIs, ok := h.pollFromMemory(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes}, fresh); ok {
+		return pg, asIs, nil
+	}
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
-			return Page{}, ctx.Err()
+			return Page{}, nil, ctx.Err()
 		}
-		return Page{}, ErrClosed
+		return Page{}, nil, ErrClosed
 	}
 	defer h.releaseRead()
 	if fresh {
@@ -497,5 +518,5 @@ func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, 
 	if fresh {
 		pg.Watermark, pg.Foreign = 0, false // a fresh request is owed no gap
 	}
-	return pg, err
+	return pg, nil, err
 }

@@ -117,6 +117,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	phases := fs.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	conns := fs.Int("conns", 0, "connections in the c100k and c100k-multi phases (default: the size's)")
+	pollClients := fs.Int("poll-clients", 0, "clients of the pollrate phase (default: the size's)")
+	pollLimit := fs.Int("poll-limit", 0, "limit of each poll of the pollrate phase (default: the size's)")
 	tail := fs.Duration("tail-interval", 0, "StartTail interval of the tail and c100k-multi phases (default: the size's)")
 	procs := fs.Int("procs", 0, "server processes (and as many client processes) in the c100k-multi phase (default: the size's; full: as few as the open-file limit allows)")
 	fanout := fs.String("fanout-clients", "", "client counts of the fan-out phase, comma-separated (default: the size's)")
@@ -132,6 +134,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unknown size %q", *size)
 	}
 	cfg.extra = extraSizes[*size]
+	if *pollClients > 0 {
+		cfg.extra.PollClients = *pollClients
+	}
+	if *pollLimit > 0 {
+		cfg.extra.PollLimit = *pollLimit
+	}
 	cfg.multi = multiSizes[*size]
 	if *conns > 0 {
 		cfg.C100k.Conns = *conns
