@@ -2,6 +2,7 @@ package replayd
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -11,8 +12,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/sqlitestore"
 )
 
 // Benchmarks. They only run with -bench; nothing here runs, or builds a
@@ -84,6 +88,137 @@ func BenchmarkPublish(b *testing.B) {
 			benchReportRate(b, b.N, "events/s")
 		})
 	}
+}
+
+// BenchmarkPublishVsRaw is the pair the publish targets are judged on:
+// alternating rounds of Publish and of the raw SQLite loop (the one of
+// ./sqlitestore's BenchmarkRawInsert and the harness: INSERTs on one
+// connection of a second file with the same pragmas and schema, no hub),
+// each round timed on its own, the order swapped every round, so both see
+// the same machine. serial is one publisher against 1-row transactions,
+// goroutines=64 is 64 publishers against 64-row transactions. It reports
+// both rates and ratio, Publish's rate over raw's (target >= 0.8).
+func BenchmarkPublishVsRaw(b *testing.B) {
+	for _, c := range []struct {
+		name       string
+		publishers int // concurrent publishers; raw commits as many rows per transaction
+		round      int // events per round, for each side
+	}{
+		{"serial", 1, 200},
+		{"goroutines=64", 64, 64 * 16},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			h := benchHub(b)
+			var commits atomic.Int64
+			h.testHookCommit = func() { commits.Add(1) }
+			raw := newBenchRaw(b)
+			ctx := context.Background()
+			publish := func(n int) error {
+				if c.publishers == 1 {
+					for range n {
+						if _, err := h.Publish(ctx, "bench", benchPayload); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				errs := make(chan error, c.publishers)
+				for range c.publishers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for next.Add(1) <= int64(n) {
+							if _, err := h.Publish(ctx, "bench", benchPayload); err != nil {
+								errs <- err
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				return <-errs
+			}
+			var rawTime, pubTime time.Duration
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done, i := 0, 0; done < b.N; i++ {
+				n := min(c.round, b.N-done)
+				sides := [2]func() (*time.Duration, error){
+					func() (*time.Duration, error) { return &rawTime, raw.insert(ctx, n, c.publishers) },
+					func() (*time.Duration, error) { return &pubTime, publish(n) },
+				}
+				for k := range sides {
+					start := time.Now()
+					d, err := sides[(i+k)%2]()
+					if err != nil {
+						b.Fatal(err)
+					}
+					*d += time.Since(start)
+				}
+				done += n
+			}
+			rawRate, pubRate := float64(b.N)/rawTime.Seconds(), float64(b.N)/pubTime.Seconds()
+			b.ReportMetric(rawRate, "raw/s")
+			b.ReportMetric(pubRate, "publish/s")
+			b.ReportMetric(pubRate/rawRate, "ratio")
+			b.ReportMetric(float64(b.N)/float64(commits.Load()), "events/commit")
+		})
+	}
+}
+
+// benchRaw is the raw SQLite insert loop of BenchmarkPublishVsRaw.
+type benchRaw struct {
+	conn *sql.Conn
+	ins  *sql.Stmt
+}
+
+func newBenchRaw(b *testing.B) *benchRaw {
+	b.Helper()
+	db, _ := openTestDB(b)
+	s, err := sqlitestore.Open(db, sqlitestore.Options{}) // the schema
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.Close()
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	ins, err := conn.PrepareContext(ctx, `INSERT INTO events (event_id, type, topic, payload, created_at) VALUES (?, ?, ?, ?, ?)`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ins.Close() })
+	return &benchRaw{conn: conn, ins: ins}
+}
+
+// insert inserts n rows, rows to a transaction.
+func (r *benchRaw) insert(ctx context.Context, n, rows int) error {
+	payload := string(benchPayload)
+	for done := 0; done < n; {
+		if _, err := r.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			return err
+		}
+		now := time.Now().UnixMilli()
+		for j := 0; j < rows && done < n; j, done = j+1, done+1 {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return err
+			}
+			if _, err := r.ins.ExecContext(ctx, id.String(), "message", "bench", payload, now); err != nil {
+				return err
+			}
+		}
+		if _, err := r.conn.ExecContext(ctx, "COMMIT"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // benchGoroutines runs op b.N times in total on g goroutines.
