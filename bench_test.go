@@ -104,8 +104,8 @@ func BenchmarkPublishVsRaw(b *testing.B) {
 		publishers int // concurrent publishers; raw commits as many rows per transaction
 		round      int // events per round, for each side
 	}{
-		{"serial", 1, 200},
-		{"goroutines=64", 64, 64 * 16},
+		{"serial", 1, 256},
+		{"goroutines=64", 64, 64 * 64},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			h := benchHub(b)
@@ -113,33 +113,40 @@ func BenchmarkPublishVsRaw(b *testing.B) {
 			h.testHookCommit = func() { commits.Add(1) }
 			raw := newBenchRaw(b)
 			ctx := context.Background()
-			publish := func(n int) error {
-				if c.publishers == 1 {
-					for range n {
-						if _, err := h.Publish(ctx, "bench", benchPayload); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				errs := make(chan error, c.publishers)
-				for range c.publishers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for next.Add(1) <= int64(n) {
+			// The publishers live for the whole benchmark, as an
+			// application's would: each round hands them n publishes.
+			type round struct {
+				n, next atomic.Int64
+				wg      sync.WaitGroup
+				err     atomic.Pointer[error]
+			}
+			rounds := make(chan *round)
+			defer close(rounds)
+			for range c.publishers {
+				go func() {
+					for r := range rounds {
+						for r.next.Add(1) <= r.n.Load() {
 							if _, err := h.Publish(ctx, "bench", benchPayload); err != nil {
-								errs <- err
-								return
+								r.err.Store(&err)
+								break
 							}
 						}
-					}()
+						r.wg.Done()
+					}
+				}()
+			}
+			publish := func(n int) error {
+				r := &round{}
+				r.n.Store(int64(n))
+				r.wg.Add(c.publishers)
+				for range c.publishers {
+					rounds <- r
 				}
-				wg.Wait()
-				close(errs)
-				return <-errs
+				r.wg.Wait()
+				if p := r.err.Load(); p != nil {
+					return *p
+				}
+				return nil
 			}
 			var rawTime, pubTime time.Duration
 			b.ReportAllocs()
