@@ -504,7 +504,8 @@ func (h *EventHub) writeLoop() {
 			return
 		}
 		// Wait a moment for every publish in progress, so a busy log
-		// commits in big batches while a lone publisher never waits. (The
+		// commits in big batches while a lone publisher never waits (nor
+		// yields). (The
 		// previous batch's size, the estimate before, settled 64 publishers
 		// into two batches of ~32 taking turns.)
 		lingering, yielded := false, false
@@ -517,17 +518,16 @@ func (h *EventHub) writeLoop() {
 				continue
 			default:
 			}
+			if len(batch) >= min(max(int(h.publishing.Load()), 1), maxBatch) {
+				break
+			}
 			if !yielded {
 				// Let the publishers that can run (those the last commit
-				// answered, those just started) reach their next Publish
-				// first: a clock would jump for a process waiting for a
-				// CPU, and a lone publisher must not wait on one.
+				// answered) reach their next Publish before waiting on a
+				// clock, which jumps for a process waiting for a CPU.
 				yielded = true
 				runtime.Gosched()
 				continue
-			}
-			if len(batch) >= min(max(int(h.publishing.Load()), 1), maxBatch) {
-				break
 			}
 			if !lingering {
 				lingering, lingerStart = true, time.Now()
