@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -504,11 +503,10 @@ func (h *EventHub) writeLoop() {
 			return
 		}
 		// Wait a moment for every publish in progress, so a busy log
-		// commits in big batches while a lone publisher never waits (nor
-		// yields). (The
+		// commits in big batches while a lone publisher never waits. (The
 		// previous batch's size, the estimate before, settled 64 publishers
 		// into two batches of ~32 taking turns.)
-		lingering, yielded := false, false
+		lingering := false
 		var lingerStart time.Time
 	gather:
 		for len(batch) < maxBatch {
@@ -521,14 +519,6 @@ func (h *EventHub) writeLoop() {
 			if len(batch) >= min(max(int(h.publishing.Load()), 1), maxBatch) {
 				break
 			}
-			if !yielded {
-				// Let the publishers that can run (those the last commit
-				// answered) reach their next Publish before waiting on a
-				// clock, which jumps for a process waiting for a CPU.
-				yielded = true
-				runtime.Gosched()
-				continue
-			}
 			if !lingering {
 				lingering, lingerStart = true, time.Now()
 				linger.Reset(lingerGap)
@@ -536,7 +526,6 @@ func (h *EventHub) writeLoop() {
 			select {
 			case r := <-h.pubs:
 				batch = r.addTo(batch)
-				yielded = false
 				// They are coming back one by one (on a busy machine each
 				// waits its turn for a CPU): wait lingerGap from the
 				// newest, lingerMax in all.
