@@ -558,9 +558,9 @@ func (h *EventHub) writeLoop() {
 }
 
 // The writer waits to fill a batch at most lingerGap for each next
-// publish, and lingerMax in all. A gap alone (it was 200 µs in all) let 64
-// publishers on two busy cores fill batches of 30-40 rows, so 64
-// publishers committed half again as many transactions as needed.
+// publish, and lingerMax in all. The bound before, 200 µs in all, let 64
+// publishers on two busy cores fill batches of 30-40 rows: half again as
+// many transactions as needed.
 const (
 	lingerGap = 200 * time.Microsecond
 	lingerMax = time.Millisecond
