@@ -26,6 +26,23 @@ type logWriter struct {
 	// retained rows without holes whatever it deletes.
 	tords  map[string]int64
 	newest int64 // -1: tords is not valid
+
+	// top is the newest row as this writer left it after its last commit,
+	// and version the connection's data version then (see dataVersion).
+	// While the data version is the same after the next BEGIN IMMEDIATE, no
+	// other connection has written the file since, so the next batch need
+	// not read the newest row (qLastRow): a statement fewer per commit.
+	top     lastRow
+	version uint32
+	topSet  bool // insertRows set top for the batch being committed
+	topOK   bool // top and version are valid
+}
+
+// lastRow is the log's newest row as insertRows needs it.
+type lastRow struct {
+	seq, createdAt int64
+	ord            sql.NullInt64
+	empty          bool // the log has no row
 }
 
 func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
@@ -115,6 +132,13 @@ func (l *Store) releaseWriter(broken bool) {
 
 // append runs one batch; broken reports a connection left in an unknown
 // state.
+//
+// Only BEGIN IMMEDIATE, which waits for other processes' write lock, runs
+// with ctx. The statements after it run under the write lock, where nothing
+// makes them wait, with a context that cannot end: a cancellable one costs
+// the driver (and database/sql, for a query) a goroutine per statement,
+// about a tenth of a one-row publish. ctx is still looked at before each
+// statement, so an ended ctx rolls the batch back before its next row.
 func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool) (broken bool, err error) {
 	if err := retryBusy(ctx, func() error {
 		_, err := w.begin.ExecContext(ctx)
@@ -125,12 +149,52 @@ func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool)
 	if err = w.insertRows(ctx, evs, dup); err == nil {
 		// A fresh context: a cancelled one must not leave the transaction open.
 		if _, err = w.commit.ExecContext(context.Background()); err == nil {
+			v, ok := w.dataVersion()
+			w.version, w.topOK = v, ok && w.topSet
 			return false, nil
 		}
 	}
-	w.newest = -1 // the cache may hold rows rolled back
+	w.newest, w.topOK = -1, false // the caches may hold rows rolled back
 	_, rerr := w.rollback.ExecContext(context.Background())
 	return rerr != nil, err
+}
+
+// dataVersion returns the connection's SQLITE_FCNTL_DATA_VERSION for the
+// main database, which changes whenever the connection finds the file
+// changed by another connection (it is read as a transaction starts), and
+// false if the driver cannot tell (a driver other than modernc.org/sqlite).
+// It runs no statement.
+func (w *logWriter) dataVersion() (v uint32, ok bool) {
+	err := w.conn.Raw(func(dc any) error {
+		fc, is := dc.(interface {
+			FileControlDataVersion(dbName string) (uint32, error)
+		})
+		if !is {
+			return errNoDataVersion
+		}
+		var err error
+		v, err = fc.FileControlDataVersion("main")
+		return err
+	})
+	return v, err == nil
+}
+
+var errNoDataVersion = errors.New("no data version")
+
+// readLastRow returns the log's newest row, from what the writer left after
+// its last commit if no other connection has written the file since.
+func (w *logWriter) readLastRow() (lastRow, error) {
+	if w.topOK {
+		if v, ok := w.dataVersion(); ok && v == w.version && w.top.seq == w.newest {
+			return w.top, nil
+		}
+	}
+	var r lastRow
+	err := w.lastRow.QueryRowContext(context.Background()).Scan(&r.seq, &r.createdAt, &r.ord)
+	if errors.Is(err, sql.ErrNoRows) {
+		return lastRow{empty: true}, nil
+	}
+	return r, err
 }
 
 // insertRows numbers the rows it inserts (see span): ordinal follows the
@@ -139,15 +203,15 @@ func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool)
 // backfillOrdinals), it leaves its rows unnumbered too, so that unnumbered
 // rows stay a suffix of the log.
 func (w *logWriter) insertRows(ctx context.Context, evs []storage.Event, dup []bool) error {
-	var (
-		newest, last int64
-		lastOrd      sql.NullInt64
-	)
-	err := w.lastRow.QueryRowContext(ctx).Scan(&newest, &last, &lastOrd)
-	empty := errors.Is(err, sql.ErrNoRows)
-	if err != nil && !empty {
+	if err := ctx.Err(); err != nil {
 		return err
 	}
+	top, err := w.readLastRow()
+	if err != nil {
+		return err
+	}
+	w.topOK, w.topSet = false, false // until the commit
+	newest, last, lastOrd, empty := top.seq, top.createdAt, top.ord, top.empty
 	numbered := empty || lastOrd.Valid
 	if !numbered || newest != w.newest || len(w.tords) > maxCachedTopics {
 		clear(w.tords)
@@ -159,26 +223,31 @@ func (w *logWriter) insertRows(ctx context.Context, evs []storage.Event, dup []b
 	tords := w.tords
 	ord := lastOrd.Int64
 	now := max(time.Now().UnixMilli(), last)
+	// The statements run under the write lock (see append).
+	sctx := context.Background()
 	for i := range evs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		ev := &evs[i]
 		var ordArg, tordArg any
 		if numbered {
 			tord, ok := tords[ev.Topic]
 			if !ok {
-				if tord, err = w.lastTopicOrdinal(ctx, ev.Topic); err != nil {
+				if tord, err = w.lastTopicOrdinal(sctx, ev.Topic); err != nil {
 					return err
 				}
 			}
 			ordArg, tordArg = ord+1, tord+1
 		}
-		res, err := w.insert.ExecContext(ctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), now, ordArg, tordArg)
+		res, err := w.insert.ExecContext(sctx, ev.EventID, ev.Type, topicArg(ev.Topic), string(ev.Payload), now, ordArg, tordArg)
 		if err != nil {
 			return err
 		}
 		if n, err := res.RowsAffected(); err != nil {
 			return err
 		} else if n == 0 {
-			orig, err := scanEvent(w.byEvent.QueryRowContext(ctx, ev.EventID))
+			orig, err := scanEvent(w.byEvent.QueryRowContext(sctx, ev.EventID))
 			if err != nil {
 				return fmt.Errorf("read original of duplicate event id: %w", err)
 			}
@@ -191,8 +260,15 @@ func (w *logWriter) insertRows(ctx context.Context, evs []storage.Event, dup []b
 		if numbered {
 			ord, tords[ev.Topic] = ordArg.(int64), tordArg.(int64)
 			w.newest = ev.Sequence
+			last = now
 		}
 		ev.CreatedAt = time.UnixMilli(now)
+	}
+	if numbered {
+		// What the next batch finds as the newest row, if no other
+		// connection writes in between (append keeps it once committed).
+		w.top = lastRow{seq: w.newest, createdAt: last, ord: sql.NullInt64{Int64: ord, Valid: !empty || ord > 0}, empty: empty && ord == 0}
+		w.topSet = true
 	}
 	return nil
 }

@@ -34,6 +34,7 @@ type Store struct {
 	file   *fileGuard   // the database file's identity (see fileid.go), checked before appends
 	stmts  stmtCache    // the reads' prepared statements
 	logger *slog.Logger // nil: discard
+	wal    bool         // the database is in WAL mode: a read never waits for a writer
 
 	// writeMu serialises the write transactions of this store and guards
 	// writer and closed.

@@ -258,3 +258,46 @@ func TestReadWithAStatementClosedByClose(t *testing.T) {
 		t.Fatalf("read: %+v, prepared %v, %v; want head %d, one event, from the text", p, prepared, err, ev.Sequence)
 	}
 }
+
+// TestWriterNumbersAfterAnotherWriter: a writer that skips reading the
+// newest row while no other connection has written (see
+// logWriter.readLastRow) must notice every other writer's rows, so that
+// ordinals stay 1, 2, 3, ... in the log and in each topic.
+func TestWriterNumbersAfterAnotherWriter(t *testing.T) {
+	db, path := openTestDB(t)
+	s1 := openTestStore(t, db)
+	s2 := secondStore(t, path)
+	for i := range 40 {
+		s := s1
+		if i%3 == 1 {
+			s = s2
+		}
+		mustAppend(t, s, []string{"a", "b", ""}[i%2], i)
+		mustAppend(t, s, "a", i) // the same writer again: the cached path
+	}
+	rows, err := db.Query(`SELECT topic, ordinal, topic_ordinal FROM events ORDER BY sequence`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var n int64
+	per := map[string]int64{}
+	for rows.Next() {
+		var topic sql.NullString
+		var ord, tord int64
+		if err := rows.Scan(&topic, &ord, &tord); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		per[topic.String]++
+		if ord != n || tord != per[topic.String] {
+			t.Fatalf("row %d of topic %q numbered %d/%d, want %d/%d", n, topic.String, ord, tord, n, per[topic.String])
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n != 80 {
+		t.Fatalf("%d rows, want 80", n)
+	}
+}
