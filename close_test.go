@@ -7,37 +7,22 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/sqlitetest"
 )
 
 // holdWriteLock takes the write lock of the database at path on a
 // connection of its own, as another process would, until release is
-// called (release is idempotent and runs at cleanup).
+// called (idempotent; it also runs at cleanup).
 func holdWriteLock(t testing.TB, path string) (release func()) {
 	t.Helper()
 	db, err := OpenDB(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			conn.ExecContext(context.Background(), "ROLLBACK")
-			conn.Close()
-			db.Close()
-		})
-	}
-	t.Cleanup(release)
-	return release
+	return sqlitetest.HoldWriteLock(t, db)
 }
 
 type publishResult struct {
