@@ -441,21 +441,5 @@ func (r *relaySend) send(ctx context.Context, b *pgx.Batch, read func(pgx.BatchR
 	rb.Queue(r.del, r.ids)
 	rb.QueuedQueries = append(rb.QueuedQueries, b.QueuedQueries...)
 	rb.Queue("COMMIT")
-	br := r.conn.SendBatch(ctx, rb)
-	err := func() error {
-		for range 2 {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-		}
-		if err := read(br); err != nil {
-			return err
-		}
-		_, err := br.Exec()
-		return err
-	}()
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return readBatch(r.conn.SendBatch(ctx, rb), 2, read) // SAVEPOINT, the delete
 }

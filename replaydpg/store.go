@@ -828,10 +828,17 @@ func (s *Store) scopeSnapshot(ctx context.Context, topics []string, cursor int64
 // snapshot sends b, which must open a transaction first and COMMIT last,
 // reads its results with read, and closes it.
 func (s *Store) snapshot(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error {
-	br := s.pool.SendBatch(ctx, b)
+	return readBatch(s.pool.SendBatch(ctx, b), 1, read)
+}
+
+// readBatch reads the results of a batch sent as lead statements, those
+// read reads, and a COMMIT, and closes it: the first error wins.
+func readBatch(br pgx.BatchResults, lead int, read func(pgx.BatchResults) error) error {
 	err := func() error {
-		if _, err := br.Exec(); err != nil {
-			return err
+		for range lead {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
 		}
 		if err := read(br); err != nil {
 			return err
