@@ -30,7 +30,9 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 		BEGIN SELECT RAISE(ABORT, 'refused'); END`); err != nil {
 		t.Fatal(err)
 	}
-	h.commit([]*publishReq{good1, bad, good2})
+	h.commitMu.Lock()
+	h.commit(h.writeCtx, []*publishReq{good1, bad, good2})
+	h.commitMu.Unlock()
 	r1, rb, r2 := <-good1.res, <-bad.res, <-good2.res
 	if r1.err != nil || r2.err != nil {
 		t.Fatalf("neighbours failed: %v, %v", r1.err, r2.err)

@@ -133,6 +133,7 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 		streams: make(map[*stream]struct{}),
 	}
 	h.log = &EventLog{store: s}
+	_, h.alone = s.(*sqlitestore.Store)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if owned == nil { // New's SQLite store made its schema already

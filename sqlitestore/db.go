@@ -125,10 +125,11 @@ func (l *Store) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err erro
 	return nil
 }
 
-// retryBusy runs begin, a BEGIN IMMEDIATE, until it gets the write lock.
-// The busy timeout of OpenDB's connections already waits for another
-// process's lock; this retries a busy answer anyway, for a *sql.DB opened
-// without one.
+// retryBusy runs begin, a BEGIN IMMEDIATE, until it gets the write lock,
+// for at most busyWait, and stops early when ctx ends. The writer's
+// connection has its busy timeout off (see logWriter.append), so the
+// waiting happens here; elsewhere it retries a busy answer that outlived
+// the connection's busy timeout, or came on a *sql.DB opened without one.
 func retryBusy(ctx context.Context, begin func() error) error {
 	deadline := time.Now().Add(busyWait)
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {

@@ -15,6 +15,11 @@ const (
 	qLastBroadcastOrd = `SELECT topic_ordinal FROM events WHERE topic IS NULL ORDER BY sequence DESC LIMIT 1`
 	qInsert           = `INSERT INTO events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)
 		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+	// qInsertRows begins a multi-row INSERT (see insertRun): without ON
+	// CONFLICT, so a duplicate fails the statement, and the run goes again
+	// row by row.
+	qInsertRows = `INSERT INTO events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`
 	qByEventID = `SELECT ` + eventColumns + ` FROM events WHERE event_id = ?`
 
 	qPruneHead      = `SELECT sequence, topic, created_at FROM events ORDER BY sequence LIMIT ?`

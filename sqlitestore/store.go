@@ -99,9 +99,16 @@ func (l *Store) Close() error {
 // fails on one row (a constraint, such as a trigger's RAISE, or a value too
 // big) is committed again event by event, so that only that event fails:
 // then every failure, of whatever kind, is its own event's Err.
+//
+// ctx bounds the waits: for this store's other writes (a prune batch, say),
+// for another connection's write lock, and between rows; once the rows are
+// sent, COMMIT runs to its end.
 func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.AppendResult, error) {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
+	unlock, err := lockCtx(ctx, &l.writeMu)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if l.closed {
 		return nil, ErrClosed
 	}
@@ -115,7 +122,7 @@ func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.Appe
 	batch := make([]storage.Event, len(evs))
 	copy(batch, evs)
 	dup := make([]bool, len(evs))
-	err := l.appendBatch(ctx, batch, dup)
+	err = l.appendBatch(ctx, batch, dup)
 	switch {
 	case err == nil:
 	case len(evs) > 1 && rowError(err) && ctx.Err() == nil:
