@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd/internal/sqlitetest"
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // holdWriteLock takes the write lock of the database at path on a
@@ -299,4 +301,56 @@ func TestCloseAbandonsAWriterThatDoesNotStop(t *testing.T) {
 	close(ss.gate) // the writer stops at last; nothing outlives the test
 	h.wg.Wait()
 	t.Logf("Close gave up after %v: %v", took, err)
+}
+
+// A publish whose ctx ends while its event still waits in the queue (the
+// writer busy with an earlier batch) takes it back: its error is ctx's
+// alone, not ErrOutcomeUnknown, and the event is never stored. Others
+// queued with it are committed in the writer's next batch.
+func TestPublishWithdrawnBeforeTheWriterTakesIt(t *testing.T) {
+	db, _ := openTestDB(t)
+	h := newTestHub(t, db, Options{})
+	h.alone = false // every publish goes through the writer's queue
+	committing, gate := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	h.testHookCommit = func() {
+		once.Do(func() {
+			committing <- struct{}{}
+			<-gate
+		})
+	}
+	first := publishMany(h, "first", 1)
+	select {
+	case <-committing: // the writer holds the first batch
+	case <-time.After(waitFor):
+		t.Fatal("the writer never took a batch")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	late := make(chan error, 1)
+	go func() {
+		_, err := h.Publish(ctx, "a", 1, WithEventID("withdrawn"))
+		late <- err
+	}()
+	kept := publishMany(h, "kept", 3)
+	wiretest.WaitUntil(t, "the publishes to queue", func() bool { return h.queue.len() == 4 })
+	cancel()
+	select {
+	case err := <-late:
+		if !errors.Is(err, context.Canceled) || errors.Is(err, ErrOutcomeUnknown) {
+			t.Fatalf("Publish: %v; want context.Canceled, the outcome known", err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the queued Publish did not return when its ctx ended")
+	}
+	close(gate)
+	if ok, unknown := checkOutcomes(t, db, first, 1); ok != 1 || unknown != 0 {
+		t.Fatalf("first: %d stored, %d unknown", ok, unknown)
+	}
+	if ok, unknown := checkOutcomes(t, db, kept, 3); ok != 3 || unknown != 0 {
+		t.Fatalf("kept: %d stored, %d unknown", ok, unknown)
+	}
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM events WHERE event_id = 'withdrawn'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the withdrawn event is stored %d times (%v)", n, err)
+	}
 }

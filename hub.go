@@ -216,10 +216,10 @@ type EventHub struct {
 	clients *TopicClientTracker
 	metrics metrics
 
-	// pubs carries Publish calls to the writer goroutine. It is unbuffered:
-	// a request is either taken by the writer, which then always answers
-	// it, or never sent.
-	pubs chan *publishReq
+	// queue carries Publish calls to the writer goroutine. A request is
+	// either taken by the writer, which then always answers it, or never
+	// stored: withdrawn by its caller, or refused when the hub closes.
+	queue pubQueue
 	// commitMu is held by whoever commits and delivers: the writer
 	// goroutine for a batch, or a lone Publish for its own event (see
 	// commitAlone). Commits and their deliveries never overlap.
@@ -341,6 +341,9 @@ type publishReq struct {
 	// PublishBatch, handed to the writer in one send and committed
 	// together (a batch may then exceed maxBatch by less than a group).
 	group []*publishReq
+	// withdrawn: the caller took the unit back from the queue before the
+	// writer took it (guarded by the queue's mu).
+	withdrawn bool
 }
 
 // addTo appends r, or the requests of r's group, to batch.
@@ -393,7 +396,7 @@ func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts 
 	if err := h.enqueue(ctx, req); err != nil {
 		return Event{}, err
 	}
-	r := h.await(ctx, req, start)
+	r := h.await(ctx, req, req, start)
 	return r.ev, r.err
 }
 
@@ -481,7 +484,7 @@ func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult
 		if req == nil {
 			continue
 		}
-		r := h.await(ctx, req, start)
+		r := h.await(ctx, group[0], req, start)
 		out[i] = AppendResult{Event: r.ev, Duplicate: r.dup, Err: r.err}
 		if r.err != nil {
 			out[i].Event = evs[i]
@@ -499,26 +502,28 @@ func (h *EventHub) publishReq(topic string, payload any, po publishOptions) (*pu
 	return &publishReq{ev: ev, res: make(chan publishRes, 1)}, nil
 }
 
-// enqueue hands req to the writer goroutine. An error means nothing was
-// stored.
-func (h *EventHub) enqueue(ctx context.Context, req *publishReq) error {
+// enqueue hands unit (a request, or a group's first) to the writer
+// goroutine. An error means nothing was stored.
+func (h *EventHub) enqueue(ctx context.Context, unit *publishReq) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("replayd: publish: %w", err)
 	}
 	select {
-	case h.pubs <- req:
-		return nil
 	case <-h.done:
 		return ErrClosed
-	case <-ctx.Done():
-		return fmt.Errorf("replayd: publish: %w", ctx.Err())
+	default:
 	}
+	if !h.queue.push(unit) {
+		return ErrClosed
+	}
+	return nil
 }
 
-// await waits for the writer's answer to an enqueued req.
-func (h *EventHub) await(ctx context.Context, req *publishReq, start time.Time) publishRes {
-	// From here the writer has the event: an answer that is not its own
-	// cannot say whether the event was stored.
+// await waits for the writer's answer to req, enqueued in unit. A caller
+// that stops waiting takes its unit back if the writer has not taken it
+// yet: then nothing was stored. Otherwise the writer has the event, and an
+// answer that is not its own cannot say whether the event was stored.
+func (h *EventHub) await(ctx context.Context, unit, req *publishReq, start time.Time) publishRes {
 	select {
 	case r := <-req.res:
 		if r.err == nil {
@@ -526,12 +531,18 @@ func (h *EventHub) await(ctx context.Context, req *publishReq, start time.Time) 
 		}
 		return r
 	case <-ctx.Done():
+		if h.queue.withdraw(unit) {
+			return publishRes{err: fmt.Errorf("replayd: publish: %w", ctx.Err())}
+		}
 		return publishRes{err: fmt.Errorf("replayd: publish: %w: %w", ErrOutcomeUnknown, ctx.Err())}
 	case <-h.abandoned:
 		select {
 		case r := <-req.res: // answered after all
 			return r
 		default:
+		}
+		if h.queue.withdraw(unit) {
+			return publishRes{err: ErrClosed}
 		}
 		return publishRes{err: fmt.Errorf("replayd: publish: %w: the hub was closed while the event was being committed", ErrOutcomeUnknown)}
 	}
@@ -542,73 +553,74 @@ const maxBatch = 1024
 
 // writeLoop is the writer goroutine: it takes every Publish waiting at the
 // moment, commits them in one transaction, delivers them live in sequence
-// order and answers each caller.
+// order and answers each caller. Once the hub is closed it takes no more,
+// and refuses what is still queued.
 func (h *EventHub) writeLoop() {
 	defer h.wg.Done()
+	defer func() {
+		for _, unit := range h.queue.close() {
+			for _, r := range unit.addTo(nil) {
+				r.res <- publishRes{err: ErrClosed}
+			}
+		}
+	}()
 	batch := make([]*publishReq, 0, maxBatch)
 	linger := time.NewTimer(lingerMax)
 	linger.Stop()
 	for {
 		select {
-		case r := <-h.pubs:
-			batch = r.addTo(batch[:0])
 		case <-h.done:
 			return
+		default:
 		}
-		// Wait a moment for every publish in progress, so a busy log
-		// commits in big batches while a lone publisher never waits. (The
-		// previous batch's size, the estimate before, settled 64 publishers
-		// into two batches of ~32 taking turns.)
-		lingering := false
-		var lingerStart time.Time
-	gather:
-		for len(batch) < maxBatch {
+		if !h.queue.ask(1) {
 			select {
-			case r := <-h.pubs:
-				batch = r.addTo(batch)
-				continue
-			default:
+			case <-h.queue.wake:
+			case <-h.done:
+				return
 			}
-			if len(batch) >= min(max(int(h.publishing.Load()), 1), maxBatch) {
-				break
-			}
-			if !lingering {
-				lingering, lingerStart = true, time.Now()
-				linger.Reset(lingerGap)
-			}
-			select {
-			case r := <-h.pubs:
-				batch = r.addTo(batch)
-				// They are coming back one by one (on a busy machine each
-				// waits its turn for a CPU): wait lingerGap from the
-				// newest, lingerMax in all.
-				if left := lingerMax - time.Since(lingerStart); left > 0 {
-					linger.Reset(min(lingerGap, left))
-				}
-			case <-linger.C:
-				lingering = false
-				// Take what came while the timer fired.
-				for len(batch) < maxBatch {
-					select {
-					case r := <-h.pubs:
-						batch = r.addTo(batch)
-						continue
-					default:
-					}
-					break
-				}
-				break gather
-			}
+			continue // the wake may be stale
 		}
-		if lingering {
-			linger.Stop() // no stale tick can follow (Go 1.23 timers)
-		}
+		h.gather(linger)
+		batch = h.queue.take(batch[:0], maxBatch)
 		h.commitMu.Lock()
 		if h.testHookCommit != nil {
 			h.testHookCommit()
 		}
 		h.commit(h.writeCtx, batch)
 		h.commitMu.Unlock()
+		clear(batch) // let the requests go
+	}
+}
+
+// gather waits a moment for every publish in progress to reach the queue,
+// so a busy log commits in big batches while a lone publisher never waits.
+// (The previous batch's size, the estimate before, settled 64 publishers
+// into two batches of ~32 taking turns.) When they come back one by one
+// (on a busy machine each waits its turn for a CPU), it waits lingerGap
+// from the newest, lingerMax in all.
+func (h *EventHub) gather(linger *time.Timer) {
+	target := func() int { return min(max(int(h.publishing.Load()), 1), maxBatch) }
+	if h.queue.ask(target()) {
+		return
+	}
+	start, seen := time.Now(), h.queue.len()
+	linger.Reset(lingerGap)
+	defer linger.Stop() // no stale tick can follow (Go 1.23 timers)
+	for {
+		select {
+		case <-h.queue.wake:
+		case <-linger.C:
+			n, left := h.queue.len(), lingerMax-time.Since(start)
+			if n == seen || left <= 0 {
+				return
+			}
+			seen = n
+			linger.Reset(min(lingerGap, left))
+		}
+		if h.queue.ask(target()) {
+			return
+		}
 	}
 }
 

@@ -128,7 +128,7 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 		owned:   owned,
 		logger:  opts.Logger,
 		clients: newTopicClientTracker(),
-		pubs:    make(chan *publishReq),
+		queue:   newPubQueue(),
 		done:    make(chan struct{}),
 		streams: make(map[*stream]struct{}),
 	}
