@@ -98,15 +98,23 @@ func BenchmarkPublish(b *testing.B) {
 // the same machine. serial is one publisher against 1-row transactions,
 // goroutines=64 is 64 publishers against 64-row transactions. It reports
 // both rates and ratio, Publish's rate over raw's (target >= 0.8).
+// topics=100 spreads both sides' events over 100 topics.
 func BenchmarkPublishVsRaw(b *testing.B) {
 	for _, c := range []struct {
 		name       string
 		publishers int // concurrent publishers; raw commits as many rows per transaction
 		round      int // events per round, for each side
+		topics     int
 	}{
-		{"serial", 1, 256},
-		{"goroutines=64", 64, 64 * 64},
+		{"serial", 1, 256, 1},
+		{"goroutines=64", 64, 64 * 64, 1},
+		{"goroutines=64/topics=100", 64, 64 * 64, 100},
 	} {
+		topics := make([]string, c.topics)
+		for i := range topics {
+			topics[i] = fmt.Sprint("bench-", i)
+		}
+		topics[0] = "bench"
 		b.Run(c.name, func(b *testing.B) {
 			h := benchHub(b)
 			var commits atomic.Int64
@@ -125,8 +133,12 @@ func BenchmarkPublishVsRaw(b *testing.B) {
 			for range c.publishers {
 				go func() {
 					for r := range rounds {
-						for r.next.Add(1) <= r.n.Load() {
-							if _, err := h.Publish(ctx, "bench", benchPayload); err != nil {
+						for {
+							i := r.next.Add(1)
+							if i > r.n.Load() {
+								break
+							}
+							if _, err := h.Publish(ctx, topics[int(i)%len(topics)], benchPayload); err != nil {
 								r.err.Store(&err)
 								break
 							}
@@ -154,7 +166,7 @@ func BenchmarkPublishVsRaw(b *testing.B) {
 			for done, i := 0, 0; done < b.N; i++ {
 				n := min(c.round, b.N-done)
 				sides := [2]func() (*time.Duration, error){
-					func() (*time.Duration, error) { return &rawTime, raw.insert(ctx, n, c.publishers) },
+					func() (*time.Duration, error) { return &rawTime, raw.insert(ctx, n, c.publishers, topics) },
 					func() (*time.Duration, error) { return &pubTime, publish(n) },
 				}
 				for k := range sides {
@@ -204,8 +216,8 @@ func newBenchRaw(b *testing.B) *benchRaw {
 	return &benchRaw{conn: conn, ins: ins}
 }
 
-// insert inserts n rows, rows to a transaction.
-func (r *benchRaw) insert(ctx context.Context, n, rows int) error {
+// insert inserts n rows, rows to a transaction, the topics taking turns.
+func (r *benchRaw) insert(ctx context.Context, n, rows int, topics []string) error {
 	payload := string(benchPayload)
 	for done := 0; done < n; {
 		if _, err := r.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
@@ -217,7 +229,7 @@ func (r *benchRaw) insert(ctx context.Context, n, rows int) error {
 			if err != nil {
 				return err
 			}
-			if _, err := r.ins.ExecContext(ctx, id.String(), "message", "bench", payload, now); err != nil {
+			if _, err := r.ins.ExecContext(ctx, id.String(), "message", topics[done%len(topics)], payload, now); err != nil {
 				return err
 			}
 		}
