@@ -46,6 +46,14 @@ type logWriter struct {
 	// milliseconds, set to 0 while the writer holds the connection (see
 	// append) and set back when it is given back; 0: left alone.
 	busyTimeout int64
+	// tempStore is the connection's temp_store as the pool lent it, set to
+	// MEMORY while the writer holds it: a multi-row INSERT keeps a
+	// statement journal, a copy of every page it changes that an earlier
+	// statement of the transaction changed too, so it can undo itself; past
+	// 64 KiB SQLite spills it to a temporary file. Rows over 100 topics
+	// change a page each, and the spill's writes were as many as the
+	// commit's. -1: left alone.
+	tempStore int64
 }
 
 // lastRow is the log's newest row as insertRows needs it.
@@ -60,11 +68,11 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &logWriter{conn: conn, newest: -1}
+	w := &logWriter{conn: conn, newest: -1, tempStore: -1}
 	// A pool of one (":memory:") lends the writer its connection for one
-	// batch at a time, and has no other connection to wait for.
+	// batch at a time, has no other connection to wait for, and no file.
 	if db.Stats().MaxOpenConnections != 1 {
-		if err := w.takeBusyWait(ctx); err != nil {
+		if err := w.setPragmas(ctx); err != nil {
 			w.close(true)
 			return nil, err
 		}
@@ -90,21 +98,23 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 	return w, nil
 }
 
-// takeBusyWait turns the connection's busy_timeout off, so that a BEGIN
-// IMMEDIATE that finds another connection's write lock returns SQLITE_BUSY at
-// once and retryBusy waits instead, watching ctx (see append).
-func (w *logWriter) takeBusyWait(ctx context.Context) error {
-	var ms int64
+// setPragmas sets the connection's pragmas for the writer, keeping the
+// pool's values for close: busy_timeout off, so that a BEGIN IMMEDIATE that
+// finds another connection's write lock returns SQLITE_BUSY at once and
+// retryBusy waits instead, watching ctx (see append); temp_store MEMORY
+// (see tempStore).
+func (w *logWriter) setPragmas(ctx context.Context) error {
+	var ms, temp int64
 	if err := w.conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil {
 		return err
 	}
-	if ms <= 0 {
-		return nil
-	}
-	if _, err := w.conn.ExecContext(ctx, "PRAGMA busy_timeout = 0"); err != nil {
+	if err := w.conn.QueryRowContext(ctx, "PRAGMA temp_store").Scan(&temp); err != nil {
 		return err
 	}
-	w.busyTimeout = ms
+	if _, err := w.conn.ExecContext(ctx, "PRAGMA busy_timeout = 0; PRAGMA temp_store = MEMORY"); err != nil {
+		return err
+	}
+	w.busyTimeout, w.tempStore = ms, temp
 	return nil
 }
 
@@ -120,8 +130,9 @@ func (w *logWriter) close(broken bool) {
 	for _, s := range w.runs {
 		s.Close()
 	}
-	if !broken && w.busyTimeout > 0 {
-		_, err := w.conn.ExecContext(context.Background(), fmt.Sprintf("PRAGMA busy_timeout = %d", w.busyTimeout))
+	if !broken && w.tempStore >= 0 {
+		_, err := w.conn.ExecContext(context.Background(),
+			fmt.Sprintf("PRAGMA busy_timeout = %d; PRAGMA temp_store = %d", w.busyTimeout, w.tempStore))
 		broken = err != nil
 	}
 	if broken {
@@ -184,7 +195,7 @@ func (l *Store) releaseWriter(broken bool) {
 // run under the write lock, where nothing makes them wait, and ctx is
 // looked at before each, so an ended ctx rolls the batch back before its
 // next row. BEGIN IMMEDIATE, which waits for another connection's write
-// lock, finds busy_timeout off (see takeBusyWait) and gets SQLITE_BUSY at
+// lock, finds busy_timeout off (see setPragmas) and gets SQLITE_BUSY at
 // once: retryBusy waits, and gives up when ctx ends. A connection whose
 // busy_timeout was 0 already has it left alone, and BEGIN runs with ctx.
 func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool) (broken bool, err error) {

@@ -159,3 +159,40 @@ func TestAppendGivesUpWaitingForTheStoreWithItsContext(t *testing.T) {
 		t.Fatalf("Append returned %v after %v; want its ctx's error", err, took)
 	}
 }
+
+// The writer's connection goes back to the pool as it came: its
+// busy_timeout and temp_store, changed while the writer holds it, are set
+// back when the store closes.
+func TestWriterGivesItsConnectionBackAsItCame(t *testing.T) {
+	db, _ := openTestDB(t)
+	db.SetMaxOpenConns(2)
+	ctx := context.Background()
+	s, err := Open(db, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, s, "a", 1)
+	var busy, temp int64
+	if err := s.writer.conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&busy); err != nil || busy != 0 {
+		t.Fatalf("the writer's busy_timeout is %d (%v), want 0", busy, err)
+	}
+	s.Close()
+	conns := make([]*sql.Conn, 2) // every connection of the pool
+	for i := range conns {
+		if conns[i], err = db.Conn(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[i].Close()
+	}
+	for i, c := range conns {
+		if err := c.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&busy); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.QueryRowContext(ctx, "PRAGMA temp_store").Scan(&temp); err != nil {
+			t.Fatal(err)
+		}
+		if busy != busyTimeoutMillis || temp != 0 {
+			t.Fatalf("connection %d: busy_timeout %d, temp_store %d; want %d and 0, as OpenDB made it", i, busy, temp, busyTimeoutMillis)
+		}
+	}
+}
