@@ -62,6 +62,13 @@ type PollOptions struct {
 	MaxWait time.Duration
 	// MaxLimit is the most events one answer holds; default 1000.
 	MaxLimit int
+	// MemoryEvents and MemoryBytes bound the window of the newest events
+	// this hub delivered that it keeps to answer polls near the head
+	// without reading the log (the answer is the log's, byte for byte):
+	// default 16,384 events and 4 MiB of payload. Negative: no window,
+	// every poll reads the log.
+	MemoryEvents int
+	MemoryBytes  int
 }
 
 // SSEOptions configures the handler returned by EventHub.Handler. Zero
@@ -201,6 +208,12 @@ func (opts Options) withDefaults() (Options, error) {
 	}
 	if p.MaxLimit <= 0 {
 		p.MaxLimit = defaultPollMaxLimit
+	}
+	if p.MemoryEvents == 0 {
+		p.MemoryEvents = pollWindowEvents
+	}
+	if p.MemoryBytes == 0 {
+		p.MemoryBytes = pollWindowBytes
 	}
 	return opts, nil
 }

@@ -19,8 +19,9 @@ import (
 // start (never joins one already under way, which may predate it), and one
 // probe answers every poll that waited for it.
 
-// Bounds of the poll window: the newest pollWindowEvents rows, and no older
-// one once they hold pollWindowBytes of payload.
+// Default bounds of the poll window (PollOptions.MemoryEvents and
+// MemoryBytes): the newest pollWindowEvents rows, and no older one once
+// they hold pollWindowBytes of payload.
 const (
 	pollWindowEvents = 16384
 	pollWindowBytes  = 4 << 20
@@ -40,18 +41,26 @@ type pollWindow struct {
 	start    int
 	bytes    int // payload bytes of evs[start:]
 
-	// maxEvents and maxBytes bound the window (0: pollWindowEvents,
-	// pollWindowBytes); tests lower them.
+	// maxEvents and maxBytes bound the window (PollOptions.MemoryEvents
+	// and MemoryBytes); disabled: either was negative, and the window
+	// holds nothing.
 	maxEvents, maxBytes int
+	disabled            bool
 
 	off  atomic.Bool  // tests: answer every poll from the log
 	hits atomic.Int64 // polls answered from the window
 }
 
+// limit sets the window's bounds, before it is used (see PollOptions).
+func (w *pollWindow) limit(events, bytes int) {
+	w.maxEvents, w.maxBytes = events, bytes
+	w.disabled = events < 0 || bytes < 0
+}
+
 // add records rows, which must be every row in (from, last row's sequence].
 // A window that does not end at from starts again there.
 func (w *pollWindow) add(from int64, rows []Event) {
-	if len(rows) == 0 {
+	if len(rows) == 0 || w.disabled {
 		return
 	}
 	w.mu.Lock()
@@ -299,7 +308,7 @@ func (h *EventHub) probe(ctx context.Context) (head, mark int64, err error) {
 // that the i-th event's payload needs no check nor rewriting to be encoded.
 func (h *EventHub) pollFromMemory(ctx context.Context, req ReadRequest, fresh bool) (pg Page, asIs []bool, ok bool) {
 	w := &h.live.pollWin
-	if w.off.Load() {
+	if w.disabled || w.off.Load() {
 		return Page{}, nil, false
 	}
 	if !fresh {

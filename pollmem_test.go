@@ -31,10 +31,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 	db, path := openTestDB(t)
 	var cur atomic.Pointer[EventHub]
 	open := func() *EventHub {
-		h := newTestHub(t, db, Options{})
-		h.live.pollWin.mu.Lock()
-		h.live.pollWin.maxEvents, h.live.pollWin.maxBytes = 40, 4<<10
-		h.live.pollWin.mu.Unlock()
+		h := newTestHub(t, db, Options{Poll: PollOptions{MemoryEvents: 40, MemoryBytes: 4 << 10}})
 		if rng.IntN(2) == 0 {
 			// A subscriber: deliveries then read other processes' rows
 			// into the window, across ranges their opens skipped.
@@ -258,6 +255,33 @@ func TestPollFromMemoryNotWhenBehind(t *testing.T) {
 	}
 	if n := h.live.pollWin.hits.Load(); n != 0 {
 		t.Fatalf("%d polls answered from memory, want 0", n)
+	}
+}
+
+// TestPollFromMemoryOff: with PollOptions.MemoryEvents negative, every
+// poll reads the log, and gets the same answer.
+func TestPollFromMemoryOff(t *testing.T) {
+	db, _ := openTestDB(t)
+	for _, memory := range []int{-1, 0} {
+		h := newTestHub(t, db, Options{Poll: PollOptions{MemoryEvents: memory}})
+		srv := httptest.NewServer(h.PollHandler())
+		first := mustPublish(t, h, "a", 1)
+		last := mustPublish(t, h, "a", 2)
+		resp, err := http.Get(fmt.Sprintf("%s?topic=a&cursor=%d", srv.URL, first.Sequence))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		srv.Close()
+		if want := fmt.Sprintf(`"events":[{"id":%d,`, last.Sequence); !bytes.Contains(body, []byte(want)) {
+			t.Fatalf("MemoryEvents %d: answer %s lacks event %d", memory, body, last.Sequence)
+		}
+		hits := h.live.pollWin.hits.Load()
+		if memory < 0 && hits != 0 || memory == 0 && hits != 1 {
+			t.Fatalf("MemoryEvents %d: %d polls answered from memory", memory, hits)
+		}
+		h.Close()
 	}
 }
 

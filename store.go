@@ -150,6 +150,7 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 	}
 	h.handshakes = make(chan struct{}, handshakeSlots(pool))
 	h.live.init()
+	h.live.pollWin.limit(opts.Poll.MemoryEvents, opts.Poll.MemoryBytes)
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.writeCtx, h.writeCancel = context.WithCancel(context.Background())
 	h.abandoned = make(chan struct{})
