@@ -234,6 +234,22 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 	}
 }
 
+// pollOnce polls the poll handler at url for topic after cursor and
+// returns the answer's body.
+func pollOnce(t *testing.T, url, topic string, cursor int64) []byte {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("%s?topic=%s&cursor=%d", url, topic, cursor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
 // TestPollFromMemoryNotWhenBehind: a poll is not answered from the window
 // while rows another process committed are not in it.
 func TestPollFromMemoryNotWhenBehind(t *testing.T) {
@@ -244,12 +260,7 @@ func TestPollFromMemoryNotWhenBehind(t *testing.T) {
 	ev := mustPublish(t, h, "a", 1)
 	other := secondHub(t, path, Options{})
 	ev2 := mustPublish(t, other, "a", 2)
-	resp, err := http.Get(fmt.Sprintf("%s?topic=a&cursor=%d", srv.URL, ev.Sequence))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := pollOnce(t, srv.URL, "a", ev.Sequence)
 	if want := fmt.Sprintf(`"id":%d`, ev2.Sequence); !bytes.Contains(body, []byte(want)) {
 		t.Fatalf("answer %s lacks the other process's event %d", body, ev2.Sequence)
 	}
@@ -267,12 +278,7 @@ func TestPollFromMemoryOff(t *testing.T) {
 		srv := httptest.NewServer(h.PollHandler())
 		first := mustPublish(t, h, "a", 1)
 		last := mustPublish(t, h, "a", 2)
-		resp, err := http.Get(fmt.Sprintf("%s?topic=a&cursor=%d", srv.URL, first.Sequence))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		body := pollOnce(t, srv.URL, "a", first.Sequence)
 		srv.Close()
 		if want := fmt.Sprintf(`"events":[{"id":%d,`, last.Sequence); !bytes.Contains(body, []byte(want)) {
 			t.Fatalf("MemoryEvents %d: answer %s lacks event %d", memory, body, last.Sequence)
