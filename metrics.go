@@ -35,8 +35,11 @@ const (
 // one indexed row, so it stays out of a snapshot that never fails.
 type Metrics struct {
 	// EventsPublished counts the events this hub stored
-	// (replayd_events_published_total). A publish whose event id was
-	// already stored counts only in PublishDuplicates.
+	// (replayd_events_published_total): by Publish, PublishBatch, and
+	// PublishTx within InTx. A publish whose event id was already stored
+	// counts only in PublishDuplicates. PublishTx in a transaction the
+	// application commits itself is not counted: the hub does not see
+	// whether it committed.
 	EventsPublished uint64
 	// PublishDuplicates counts publishes that stored nothing because their
 	// event id was known (replayd_publish_duplicates_total).
