@@ -86,6 +86,11 @@ type Metrics struct {
 	// TailPolls counts the tail's polls of the log, idle ones included
 	// (replayd_tail_polls_total).
 	TailPolls uint64
+	// PollsFromMemory counts poll answers read from the window of the
+	// newest events instead of the log (replayd_poll_memory_answers_total;
+	// see PollOptions.MemoryEvents): against the poll transport's replay
+	// histogram's count, how often polls are near enough the head.
+	PollsFromMemory uint64
 	// TailLag is the age of the newest row the tail delivered, measured
 	// when a poll last found rows, and 0 once a poll finds nothing new
 	// (replayd_tail_lag_seconds). The age is taken from the row's
@@ -163,6 +168,7 @@ type metrics struct {
 	replayedSSE, replayedPoll                                     histogram
 	gapReplayLimit, gapPruned, gapUnknownCursor, gapInvalidCursor atomic.Uint64
 	slowConsumerCuts, liveFrames, prunedEvents, tailPolls         atomic.Uint64
+	pollMemory                                                    atomic.Uint64
 	tailLagNanos                                                  atomic.Int64
 
 	// framesPending counts frames queued since the last flushLiveFrames. It
@@ -199,6 +205,7 @@ func (h *EventHub) Metrics() Metrics {
 		LiveFrames:              m.liveFrames.Load(),
 		PrunedEvents:            m.prunedEvents.Load(),
 		TailPolls:               m.tailPolls.Load(),
+		PollsFromMemory:         m.pollMemory.Load(),
 		TailLag:                 time.Duration(m.tailLagNanos.Load()),
 	}
 }

@@ -47,8 +47,7 @@ type pollWindow struct {
 	maxEvents, maxBytes int
 	disabled            bool
 
-	off  atomic.Bool  // tests: answer every poll from the log
-	hits atomic.Int64 // polls answered from the window
+	off atomic.Bool // tests: answer every poll from the log
 }
 
 // limit sets the window's bounds, before it is used (see PollOptions).
@@ -324,12 +323,12 @@ func (h *EventHub) pollFromMemory(ctx context.Context, req ReadRequest, fresh bo
 		return Page{}, nil, false // the log read says what went wrong
 	}
 	if fresh {
-		w.hits.Add(1)
+		h.metrics.pollMemory.Add(1)
 		return Page{Head: head}, nil, true
 	}
 	pg, asIs, ok = w.answer(req, head, mark)
 	if ok {
-		w.hits.Add(1)
+		h.metrics.pollMemory.Add(1)
 	}
 	return pg, asIs, ok
 }

@@ -82,7 +82,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 		return resp.StatusCode, body
 	}
 	polls, pastHits := 0, 0
-	hits := int64(0)
+	hits := uint64(0)
 	for step := range 2000 {
 		switch r := rng.IntN(100); {
 		case r < 30:
@@ -153,7 +153,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 			ev := mustPublish(t, other, topics[rng.IntN(len(topics))], rng.IntN(10))
 			known = append(known, ev.Sequence)
 		case r < 35:
-			hits += h.live.pollWin.hits.Load()
+			hits += h.metrics.pollMemory.Load()
 			if err := h.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -224,12 +224,12 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 			}
 		}
 	}
-	hits += h.live.pollWin.hits.Load()
+	hits += h.metrics.pollMemory.Load()
 	t.Logf("%d polls, %d answered from memory; %d reads answered as of an earlier probe", polls, hits, pastHits)
 	if pastHits == 0 {
 		t.Fatal("no read was answered as of an earlier probe")
 	}
-	if hits < int64(polls)/4 {
+	if hits < uint64(polls)/4 {
 		t.Fatalf("only %d of %d polls were answered from memory", hits, polls)
 	}
 }
@@ -264,7 +264,7 @@ func TestPollFromMemoryNotWhenBehind(t *testing.T) {
 	if want := fmt.Sprintf(`"id":%d`, ev2.Sequence); !bytes.Contains(body, []byte(want)) {
 		t.Fatalf("answer %s lacks the other process's event %d", body, ev2.Sequence)
 	}
-	if n := h.live.pollWin.hits.Load(); n != 0 {
+	if n := h.metrics.pollMemory.Load(); n != 0 {
 		t.Fatalf("%d polls answered from memory, want 0", n)
 	}
 }
@@ -283,7 +283,7 @@ func TestPollFromMemoryOff(t *testing.T) {
 		if want := fmt.Sprintf(`"events":[{"id":%d,`, last.Sequence); !bytes.Contains(body, []byte(want)) {
 			t.Fatalf("MemoryEvents %d: answer %s lacks event %d", memory, body, last.Sequence)
 		}
-		hits := h.live.pollWin.hits.Load()
+		hits := h.metrics.pollMemory.Load()
 		if memory < 0 && hits != 0 || memory == 0 && hits != 1 {
 			t.Fatalf("MemoryEvents %d: %d polls answered from memory", memory, hits)
 		}
@@ -336,7 +336,7 @@ func TestPollFromMemorySeesOwnPublish(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if h.live.pollWin.hits.Load() == 0 {
+	if h.metrics.pollMemory.Load() == 0 {
 		t.Fatal("no poll was answered from memory")
 	}
 }
@@ -399,7 +399,7 @@ func TestPollProbeStartedBeforeNotShared(t *testing.T) {
 	if got, want := <-b, fmt.Sprintf(`"events":[{"id":%d,`, ev2.Sequence); !strings.Contains(got, want) {
 		t.Fatalf("second poll, after %d was published: %s", ev2.Sequence, got)
 	}
-	if n := h.live.pollWin.hits.Load(); n != 2 {
+	if n := h.metrics.pollMemory.Load(); n != 2 {
 		t.Fatalf("%d polls answered from memory, want 2", n)
 	}
 }

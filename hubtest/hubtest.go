@@ -129,6 +129,7 @@ var subtests = []struct {
 	{"PollAndSSEShareTheCursor", testPollAndSSEShareTheCursor},
 	{"PollLongPollWokenThroughTailFromAnotherHub", testPollLongPollWokenThroughTailFromAnotherHub},
 	{"PollRandomized", testPollRandomized},
+	{"PollMemoryMatchesLog", testPollMemoryMatchesLog},
 	{"PollMemoryBounded", testPollMemoryBounded},
 	// admit.go
 	{"SSETopicQueryStrict", testSSETopicQueryStrict},

@@ -504,6 +504,88 @@ func testPollRandomized(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 }
 
+// Polls near the head are answered from the window of the newest events
+// (PollOptions.MemoryEvents), byte for byte as the log answers them: a hub
+// with a small window and a hub that reads every poll from the log answer
+// the same queries over one log, which a third hub (another process or
+// node) also writes and prunes without the first being told, while events
+// with repeated ids, broadcasts and payloads the encoder escapes go in.
+func testPollMemoryMatchesLog(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	mem := open(replayd.Options{Poll: replayd.PollOptions{MemoryEvents: 40, MemoryBytes: 4 << 10}})
+	fromLog := open(replayd.Options{Poll: replayd.PollOptions{MemoryEvents: -1}})
+	other := open(replayd.Options{})
+	mem.Subscribe(func(replayd.Event) {}) // deliveries then read the other hub's rows into the window
+	memURL, logURL := wiretest.ServePoll(t, mem), wiretest.ServePoll(t, fromLog)
+	rng := rand.New(rand.NewPCG(testSeed(t), 4))
+	ctx := context.Background()
+	topics := []string{"a", "b", "c", ""}
+	scopes := [][]string{nil, {"a"}, {"b"}, {"a", "b"}, {"c", "a"}}
+	payloads := []string{`1`, `{"s":"a<b"}`, `["&"]`, "\"\u2028\"", `[1, 2]`, `{"n":[1,2,3]}`, `"` + strings.Repeat("x", 600) + `"`}
+	var known []int64
+	polls := 0
+	for step := range 600 {
+		switch r := rng.IntN(100); {
+		case r < 30:
+			evs := make([]replayd.Event, rng.IntN(6)+1)
+			for i := range evs {
+				evs[i] = replayd.Event{Topic: topics[rng.IntN(len(topics))], Payload: json.RawMessage(payloads[rng.IntN(len(payloads))])}
+				if rng.IntN(4) == 0 {
+					evs[i].EventID = "id" + strconv.Itoa(rng.IntN(40)) // some repeat: duplicates
+				}
+			}
+			for _, res := range mem.PublishBatch(ctx, evs) {
+				if res.Err != nil {
+					t.Fatal(res.Err)
+				}
+				if !res.Duplicate {
+					known = append(known, res.Event.Sequence)
+				}
+			}
+		case r < 33:
+			known = append(known, mustPublish(t, other, topics[rng.IntN(len(topics))], step).Sequence)
+		case r < 35:
+			if _, err := other.Prune(ctx, replayd.RetentionPolicy{MaxEvents: int64(rng.IntN(60) + 1)}); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			head, err := mem.LatestSequence(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := url.Values{}
+			for _, tp := range scopes[rng.IntN(len(scopes))] {
+				q.Add("topic", tp)
+			}
+			switch c := rng.IntN(8); {
+			case c < 4 && len(known) > 0: // a recent event
+				q.Set("cursor", strconv.FormatInt(known[max(0, len(known)-1-rng.IntN(min(len(known), 60)))], 10))
+			case c < 5:
+				q.Set("cursor", strconv.FormatInt(head, 10))
+			case c < 6 && len(known) > 0: // just above an event: a spent or skipped sequence
+				q.Set("cursor", strconv.FormatInt(known[rng.IntN(len(known))]+1, 10))
+			case c < 7:
+				q.Set("cursor", strconv.FormatInt(head+int64(rng.IntN(3))+1, 10)) // above the head
+			}
+			if rng.IntN(4) > 0 {
+				q.Set("limit", strconv.Itoa(rng.IntN(20)+1))
+			}
+			q.Set("wait", "0")
+			polls++
+			mstatus, _, mbody := wiretest.GetPoll(t, memURL, q.Encode())
+			lstatus, _, lbody := wiretest.GetPoll(t, logURL, q.Encode())
+			if mstatus != lstatus || string(mbody) != string(lbody) {
+				t.Fatalf("step %d, poll %s:\nwith the window: %d %s\nfrom the log:    %d %s", step, q.Encode(), mstatus, mbody, lstatus, lbody)
+			}
+		}
+	}
+	hits, none := mem.Metrics().PollsFromMemory, fromLog.Metrics().PollsFromMemory
+	t.Logf("%d polls, %d answered from the window", polls, hits)
+	if none != 0 || hits < uint64(polls)/4 {
+		t.Fatalf("%d of %d polls answered from the window (%d by the hub without one); want at least a quarter", hits, polls, none)
+	}
+}
+
 // testSeed returns a random seed, logged, or the one REPLAYD_HUBTEST_SEED
 // gives to rerun a failure.
 func testSeed(t *testing.T) uint64 {

@@ -58,6 +58,8 @@ var (
 		"events deleted by retention.", nil, nil)
 	tailPollsDesc = prometheus.NewDesc("replayd_tail_polls_total",
 		"polls of the log by the tail.", nil, nil)
+	pollMemoryDesc = prometheus.NewDesc("replayd_poll_memory_answers_total",
+		"poll answers read from the window of the newest events, not from the log.", nil, nil)
 	tailLagDesc = prometheus.NewDesc("replayd_tail_lag_seconds",
 		"age of the newest row the tail delivered when it last found rows; 0 when caught up.", nil, nil)
 )
@@ -68,6 +70,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		publishedDesc, duplicatesDesc, publishDurationDesc, headDesc, connectionsDesc, refusedDesc,
 		replayedDesc, gapsDesc, slowDesc, liveFramesDesc, prunedDesc, tailPollsDesc, tailLagDesc,
+		pollMemoryDesc,
 	} {
 		ch <- d
 	}
@@ -119,5 +122,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(liveFramesDesc, m.LiveFrames)
 	counter(prunedDesc, m.PrunedEvents)
 	counter(tailPollsDesc, m.TailPolls)
+	counter(pollMemoryDesc, m.PollsFromMemory)
 	gauge(tailLagDesc, m.TailLag.Seconds())
 }

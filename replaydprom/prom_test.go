@@ -374,6 +374,11 @@ func TestMetricsOverHTTP(t *testing.T) {
 	}
 	w.replayedPoll = []int64{1}
 	waitUntil(t, "no waiting poll", func() bool { return h.Metrics().PollConnections == 0 })
+	// The poll was near the head: read from memory, at least once (once
+	// when it arrived, once when woken, unless a probe failed).
+	if got, want := gathered(t, reg, "replayd_poll_memory_answers_total"), h.Metrics().PollsFromMemory; got != float64(want) || want == 0 {
+		t.Fatalf("replayd_poll_memory_answers_total %v, the hub's count %d; want it, and above 0", got, want)
+	}
 
 	// One tail poll, caught up.
 	stop, err := h.StartTail(time.Hour, replayd.TailOptions{})
@@ -388,6 +393,22 @@ func TestMetricsOverHTTP(t *testing.T) {
 	waitConnections(t, h, 0)
 	compare(t, reg, w)
 	checkPublishDuration(t, reg, uint64(w.published+w.duplicates))
+}
+
+// gathered returns the value of reg's metric name, which has no labels.
+func gathered(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("%s not gathered", name)
+	return 0
 }
 
 // A hub whose log cannot be read still exports its counters; only the head
@@ -414,9 +435,9 @@ func TestHeadLeftOutWhenTheLogFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every series but the head: 8 without labels, 2 connections, 5
+	// Every series but the head: 9 without labels, 2 connections, 5
 	// refusal reasons, 2 replayed histograms, 4 gap reasons.
-	if want := 8 + 2 + 5 + 2 + 4; n != want {
+	if want := 9 + 2 + 5 + 2 + 4; n != want {
 		t.Fatalf("%d series, want %d", n, want)
 	}
 	if n, _ := testutil.GatherAndCount(reg, "replayd_head_sequence"); n != 0 {
