@@ -65,6 +65,7 @@ type multiResult struct {
 	beats                                      float64 // heartbeats sent in the window
 	broadcasts                                 int
 	bcSrvCPU, bcCliCPU                         float64   // CPU seconds per broadcast
+	bcSrvSys, bcCliSys                         float64   // of which in the kernel
 	all, last                                  histogram // µs: every delivery; each broadcast's last
 	err                                        error
 }
@@ -142,8 +143,9 @@ func (b *bench) c100kMultiPhase(ctx context.Context) error {
 			return fmt.Sprintf("servers %.2f CPU-s/min (%.2f before the clients), clients %.2f CPU-s/min", r.srvCPU, r.idleCPU, r.cliCPU)
 		})})
 	deliveries := func(r *multiResult) string {
-		return fmt.Sprintf("every delivery p50 %s, p99 %s, max %s (%d broadcasts); the last delivery of each p50 %s, max %s; CPU per broadcast: servers %.2f s, clients %.2f s",
-			ms(r.all.quantile(0.5)), ms(r.all.quantile(0.99)), ms(r.all.maximum()), r.broadcasts, ms(r.last.quantile(0.5)), ms(r.last.maximum()), r.bcSrvCPU, r.bcCliCPU)
+		return fmt.Sprintf("every delivery p50 %s, p99 %s, max %s (%d broadcasts); the last delivery of each p50 %s, max %s; CPU per broadcast: servers %.2f s (kernel %.2f), clients %.2f s (kernel %.2f)",
+			ms(r.all.quantile(0.5)), ms(r.all.quantile(0.99)), ms(r.all.maximum()), r.broadcasts, ms(r.last.quantile(0.5)), ms(r.last.maximum()),
+			r.bcSrvCPU, r.bcSrvSys, r.bcCliCPU, r.bcCliSys)
 	}
 	bc := row{Figure: title("one broadcast (published in server 1) reaching all"), Target: "p99 ≤ 1 s at 100,000",
 		Replayd: both(deliveries), Raw: "raw (no log; published in every server at once): " + one(raw, deliveries)}
@@ -346,6 +348,8 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 		}
 		out.bcSrvCPU += perMinute(s0, s1, time.Minute) / float64(cfg.Broadcasts)
 		out.bcCliCPU += perMinute(k0, k1, time.Minute) / float64(cfg.Broadcasts)
+		out.bcSrvSys += sysSeconds(s0, s1) / float64(cfg.Broadcasts)
+		out.bcCliSys += sysSeconds(k0, k1) / float64(cfg.Broadcasts)
 		h := &histogram{}
 		for j, g := range got {
 			if g.Got < int64(shares[j]) {
@@ -391,6 +395,13 @@ func sum(sts []procStats, f func(procStats) int64) int64 {
 func perMinute(a, b []procStats, d time.Duration) float64 {
 	used := sum(b, func(s procStats) int64 { return s.CPUNanos }) - sum(a, func(s procStats) int64 { return s.CPUNanos })
 	return time.Duration(used).Seconds() / d.Seconds() * 60
+}
+
+// sysSeconds is the system CPU seconds the processes used between two
+// readings.
+func sysSeconds(a, b []procStats) float64 {
+	used := sum(b, func(s procStats) int64 { return s.SysNanos }) - sum(a, func(s procStats) int64 { return s.SysNanos })
+	return time.Duration(used).Seconds()
 }
 
 // slabBytes is the kernel's slab memory (Slab in /proc/meminfo), where

@@ -170,9 +170,11 @@ func selfStats(gcs int) procStats {
 	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
+	user, sys := cpuTimes()
 	return procStats{
 		RSSKiB:     rssKiB(),
-		CPUNanos:   int64(cpuTime()),
+		CPUNanos:   int64(user + sys),
+		SysNanos:   int64(sys),
 		Goroutines: runtime.NumGoroutine(),
 		HeapInuse:  int64(ms.HeapInuse),
 		StackInuse: int64(ms.StackInuse),

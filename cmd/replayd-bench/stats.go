@@ -96,6 +96,7 @@ func (h *histogram) maximum() uint64 {
 type procStats struct {
 	RSSKiB     int64 `json:"rssKiB"`     // VmRSS from /proc/self/status
 	CPUNanos   int64 `json:"cpuNanos"`   // user + system, getrusage
+	SysNanos   int64 `json:"sysNanos"`   // system (the kernel, for the process), getrusage
 	Goroutines int   `json:"goroutines"` // runtime.NumGoroutine
 	HeapInuse  int64 `json:"heapInuse"`  // runtime.MemStats.HeapInuse
 	StackInuse int64 `json:"stackInuse"` // runtime.MemStats.StackInuse
@@ -121,11 +122,17 @@ func rssKiB() int64 {
 
 // cpuTime is the process's user + system CPU time so far.
 func cpuTime() time.Duration {
+	user, sys := cpuTimes()
+	return user + sys
+}
+
+// cpuTimes is the process's user and system CPU time so far.
+func cpuTimes() (user, sys time.Duration) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return 0, 0
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
 }
 
 // raiseFileLimit lifts RLIMIT_NOFILE's soft limit to its hard limit: the
