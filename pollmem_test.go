@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/wiretest"
 )
 
 // TestPollFromMemoryMatchesLog asks random polls twice, once as the hub
@@ -70,15 +72,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 		t.Helper()
 		cur.Load().live.pollWin.off.Store(fromLog)
 		defer cur.Load().live.pollWin.off.Store(false)
-		resp, err := http.Get(srv.URL + "?" + q.Encode())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp, body := wiretest.Do(t, http.DefaultClient, http.MethodGet, srv.URL+"?"+q.Encode(), nil, wiretest.WaitFor)
 		return resp.StatusCode, body
 	}
 	polls, pastHits := 0, 0
@@ -238,15 +232,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 // returns the answer's body.
 func pollOnce(t *testing.T, url, topic string, cursor int64) []byte {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("%s?topic=%s&cursor=%d", url, topic, cursor))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, body := wiretest.Do(t, http.DefaultClient, http.MethodGet, fmt.Sprintf("%s?topic=%s&cursor=%d", url, topic, cursor), nil, wiretest.WaitFor)
 	return body
 }
 
