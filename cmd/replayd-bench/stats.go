@@ -120,12 +120,6 @@ func rssKiB() int64 {
 	return -1
 }
 
-// cpuTime is the process's user + system CPU time so far.
-func cpuTime() time.Duration {
-	user, sys := cpuTimes()
-	return user + sys
-}
-
 // cpuTimes is the process's user and system CPU time so far.
 func cpuTimes() (user, sys time.Duration) {
 	var ru syscall.Rusage
