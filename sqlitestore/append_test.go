@@ -89,32 +89,11 @@ func TestAppendRunsNumberAndFindDuplicates(t *testing.T) {
 		t.Fatalf("%d refused and %d duplicates: the test lost its point", refused, dups)
 	}
 	// The log holds exactly what the results said, numbered without holes.
-	rows, err := db.Query(`SELECT sequence, event_id, payload, topic, ordinal, topic_ordinal FROM events ORDER BY sequence`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var count int64
-	per := map[string]int64{}
-	for rows.Next() {
-		var seq, ord, tord int64
-		var id, payload string
-		var topic sql.NullString
-		if err := rows.Scan(&seq, &id, &payload, &topic, &ord, &tord); err != nil {
-			t.Fatal(err)
+	count := eachNumbered(t, db, func(r logRow) {
+		if ev, ok := stored[r.id]; !ok || ev.Sequence != r.seq || string(ev.Payload) != r.payload {
+			t.Fatalf("row %d (%s, %s) is not what Append returned: %+v", r.seq, r.id, r.payload, ev)
 		}
-		count++
-		per[topic.String]++
-		if ev, ok := stored[id]; !ok || ev.Sequence != seq || string(ev.Payload) != payload {
-			t.Fatalf("row %d (%s, %s) is not what Append returned: %+v", seq, id, payload, ev)
-		}
-		if ord != count || tord != per[topic.String] {
-			t.Fatalf("row %d of topic %q numbered %d/%d, want %d/%d", seq, topic.String, ord, tord, count, per[topic.String])
-		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	})
 	if count != int64(len(stored)) {
 		t.Fatalf("%d rows, %d stored events", count, len(stored))
 	}

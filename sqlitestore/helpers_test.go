@@ -70,3 +70,41 @@ func mustAppend(t testing.TB, s *Store, topic string, payload any, id ...string)
 	}
 	return res[0].Event
 }
+
+// logRow is one row of the events table, as eachNumbered reads it.
+type logRow struct {
+	seq, createdAt     int64
+	id, topic, payload string // topic "" for a broadcast
+}
+
+// eachNumbered reads every row of the log in sequence order, fails the
+// test unless ordinal and topic_ordinal number them 1, 2, 3, ... in the
+// log and in each topic (broadcasts as one), calls fn with each, and
+// returns how many there are.
+func eachNumbered(t *testing.T, db *sql.DB, fn func(logRow)) int64 {
+	t.Helper()
+	rows, err := db.Query(`SELECT sequence, created_at, event_id, coalesce(topic, ''), payload, ordinal, topic_ordinal FROM events ORDER BY sequence`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var n int64
+	per := map[string]int64{}
+	for rows.Next() {
+		var r logRow
+		var ord, tord int64
+		if err := rows.Scan(&r.seq, &r.createdAt, &r.id, &r.topic, &r.payload, &ord, &tord); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		per[r.topic]++
+		if ord != n || tord != per[r.topic] {
+			t.Fatalf("row %d (%s) of topic %q numbered %d/%d, want %d/%d", r.seq, r.id, r.topic, ord, tord, n, per[r.topic])
+		}
+		fn(r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

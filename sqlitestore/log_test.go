@@ -275,28 +275,7 @@ func TestWriterNumbersAfterAnotherWriter(t *testing.T) {
 		mustAppend(t, s, []string{"a", "b", ""}[i%2], i)
 		mustAppend(t, s, "a", i) // the same writer again: the cached path
 	}
-	rows, err := db.Query(`SELECT topic, ordinal, topic_ordinal FROM events ORDER BY sequence`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var n int64
-	per := map[string]int64{}
-	for rows.Next() {
-		var topic sql.NullString
-		var ord, tord int64
-		if err := rows.Scan(&topic, &ord, &tord); err != nil {
-			t.Fatal(err)
-		}
-		n++
-		per[topic.String]++
-		if ord != n || tord != per[topic.String] {
-			t.Fatalf("row %d of topic %q numbered %d/%d, want %d/%d", n, topic.String, ord, tord, n, per[topic.String])
-		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	n := eachNumbered(t, db, func(logRow) {})
 	if n != 80 {
 		t.Fatalf("%d rows, want 80", n)
 	}

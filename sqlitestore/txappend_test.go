@@ -81,42 +81,21 @@ func TestAppendTxNumbering(t *testing.T) {
 			}
 		}
 	}
-	rows, err := db.Query(`SELECT sequence, event_id, coalesce(topic, ''), created_at, ordinal, topic_ordinal FROM events ORDER BY sequence`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var (
-		prevSeq, prevAt, ord int64
-		tords                = map[string]int64{}
-		seen                 = map[string]bool{}
-	)
-	prevSeq = head0
-	for rows.Next() {
-		var seq, at, o, to int64
-		var id, topic string
-		if err := rows.Scan(&seq, &id, &topic, &at, &o, &to); err != nil {
-			t.Fatal(err)
-		}
-		ord++
-		tords[topic]++
+	var prevSeq, prevAt int64 = head0, 0
+	seen := map[string]bool{}
+	eachNumbered(t, db, func(r logRow) {
 		switch {
-		case seq <= prevSeq:
-			t.Fatalf("sequence %d after %d", seq, prevSeq)
-		case o != ord || to != tords[topic]:
-			t.Fatalf("row %d (%s, topic %q): ordinals %d, %d; want %d, %d", seq, id, topic, o, to, ord, tords[topic])
-		case at < prevAt:
-			t.Fatalf("row %d: created_at %d below %d", seq, at, prevAt)
-		case rolledBack[id]:
-			t.Fatalf("rolled-back event %s is in the log", id)
-		case committed[id] != seq || seen[id]:
-			t.Fatalf("row %d: event %s, committed as %d (seen %v)", seq, id, committed[id], seen[id])
+		case r.seq <= prevSeq:
+			t.Fatalf("sequence %d after %d", r.seq, prevSeq)
+		case r.createdAt < prevAt:
+			t.Fatalf("row %d: created_at %d below %d", r.seq, r.createdAt, prevAt)
+		case rolledBack[r.id]:
+			t.Fatalf("rolled-back event %s is in the log", r.id)
+		case committed[r.id] != r.seq || seen[r.id]:
+			t.Fatalf("row %d: event %s, committed as %d (seen %v)", r.seq, r.id, committed[r.id], seen[r.id])
 		}
-		seen[id], prevSeq, prevAt = true, seq, at
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+		seen[r.id], prevSeq, prevAt = true, r.seq, r.createdAt
+	})
 	if len(seen) != len(committed) || len(rolledBack) == 0 {
 		t.Fatalf("%d rows for %d committed events (%d rolled back)", len(seen), len(committed), len(rolledBack))
 	}
