@@ -205,6 +205,14 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 		})
 		return sts, err
 	}
+	// allStats reads the servers' stats, then the clients'.
+	allStats := func(gcs int) (srv, cli []procStats, err error) {
+		if srv, err = srvStats(gcs); err != nil {
+			return nil, nil, err
+		}
+		cli, err = cliStats(gcs)
+		return srv, cli, err
+	}
 	base, err := srvStats(settleGCs)
 	if err != nil {
 		return err
@@ -260,11 +268,7 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 	if err := sleepCtx(ctx, time.Second); err != nil {
 		return err
 	}
-	sts, err := srvStats(settleGCs)
-	if err != nil {
-		return err
-	}
-	cs, err := cliStats(settleGCs)
+	sts, cs, err := allStats(settleGCs)
 	if err != nil {
 		return err
 	}
@@ -278,22 +282,14 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 	}
 
 	// Heartbeat CPU: every process idle but for heartbeats (and tails).
-	s0, err := srvStats(0)
-	if err != nil {
-		return err
-	}
-	k0, err := cliStats(0)
+	s0, k0, err := allStats(0)
 	if err != nil {
 		return err
 	}
 	if err := sleepCtx(ctx, cfg.CPUWindow); err != nil {
 		return err
 	}
-	s1, err := srvStats(0)
-	if err != nil {
-		return err
-	}
-	k1, err := cliStats(0)
+	s1, k1, err := allStats(0)
 	if err != nil {
 		return err
 	}
@@ -310,11 +306,7 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 		if err := parallel(procs, func(j int) error { return clients[j].call(ctx, "arm", "ARMED", nil) }); err != nil {
 			return err
 		}
-		s0, err := srvStats(0)
-		if err != nil {
-			return err
-		}
-		k0, err := cliStats(0)
+		s0, k0, err := allStats(0)
 		if err != nil {
 			return err
 		}
@@ -338,11 +330,7 @@ func (b *bench) multiOnce(ctx context.Context, out *multiResult, mode string, n,
 		if err := parallel(procs, func(j int) error { return clients[j].call(ctx, "wait "+wait.String(), "GOT", &got[j]) }); err != nil {
 			return err
 		}
-		s1, err := srvStats(0)
-		if err != nil {
-			return err
-		}
-		k1, err := cliStats(0)
+		s1, k1, err := allStats(0)
 		if err != nil {
 			return err
 		}
