@@ -256,7 +256,8 @@ func TestPollFromMemoryNotWhenBehind(t *testing.T) {
 }
 
 // TestPollFromMemoryOff: with PollOptions.MemoryEvents negative, every
-// poll reads the log, and gets the same answer.
+// poll reads the log, and gets the same answer; so does a fresh poll (no
+// cursor), which with a window is answered from a probe of the head.
 func TestPollFromMemoryOff(t *testing.T) {
 	db, _ := openTestDB(t)
 	for _, memory := range []int{-1, 0} {
@@ -265,12 +266,16 @@ func TestPollFromMemoryOff(t *testing.T) {
 		first := mustPublish(t, h, "a", 1)
 		last := mustPublish(t, h, "a", 2)
 		body := pollOnce(t, srv.URL, "a", first.Sequence)
+		_, fresh := wiretest.Do(t, http.DefaultClient, http.MethodGet, srv.URL+"?topic=a", nil, wiretest.WaitFor)
 		srv.Close()
 		if want := fmt.Sprintf(`"events":[{"id":%d,`, last.Sequence); !bytes.Contains(body, []byte(want)) {
 			t.Fatalf("MemoryEvents %d: answer %s lacks event %d", memory, body, last.Sequence)
 		}
+		if want := fmt.Sprintf(`"cursor":%d`, last.Sequence); !bytes.Contains(fresh, []byte(want)) {
+			t.Fatalf("MemoryEvents %d: fresh answer %s lacks cursor %d", memory, fresh, last.Sequence)
+		}
 		hits := h.metrics.pollMemory.Load()
-		if memory < 0 && hits != 0 || memory == 0 && hits != 1 {
+		if memory < 0 && hits != 0 || memory == 0 && hits != 2 {
 			t.Fatalf("MemoryEvents %d: %d polls answered from memory", memory, hits)
 		}
 		h.Close()
