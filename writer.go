@@ -180,8 +180,8 @@ func (h *EventHub) writeLoop() {
 // so a busy log commits in big batches while a lone publisher never waits.
 // (The previous batch's size, the estimate before, settled 64 publishers
 // into two batches of ~32 taking turns.) When they come back one by one
-// (on a busy machine each waits its turn for a CPU), it waits lingerGap
-// from the newest, lingerMax in all.
+// (on a busy machine each waits its turn for a CPU), it goes on waiting
+// while each lingerGap brings more, lingerMax in all.
 func (h *EventHub) gather(linger *time.Timer) {
 	target := func() int { return min(max(int(h.publishing.Load()), 1), maxBatch) }
 	if h.queue.ask(target()) {
@@ -207,8 +207,8 @@ func (h *EventHub) gather(linger *time.Timer) {
 	}
 }
 
-// The writer waits to fill a batch at most lingerGap for each next
-// publish, and lingerMax in all. The bound before, 200 µs in all, let 64
+// The writer waits to fill a batch as long as each lingerGap brings
+// another publish, and lingerMax in all. The bound before, 200 µs in all, let 64
 // publishers on two busy cores fill batches of 30-40 rows: half again as
 // many transactions as needed.
 const (

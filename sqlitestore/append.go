@@ -42,18 +42,16 @@ type logWriter struct {
 	// runs holds the multi-row INSERTs prepared so far, by row count.
 	runs map[int]*sql.Stmt
 
-	// busyTimeout is the connection's busy_timeout as the pool lent it, in
-	// milliseconds, set to 0 while the writer holds the connection (see
-	// append) and set back when it is given back; 0: left alone.
-	busyTimeout int64
-	// tempStore is the connection's temp_store as the pool lent it, set to
-	// MEMORY while the writer holds it: a multi-row INSERT keeps a
-	// statement journal, a copy of every page it changes that an earlier
-	// statement of the transaction changed too, so it can undo itself; past
-	// 64 KiB SQLite spills it to a temporary file. Rows over 100 topics
-	// change a page each, and the spill's writes were as many as the
-	// commit's. -1: left alone.
-	tempStore int64
+	// pragmas: setPragmas changed the connection's busy_timeout (to 0,
+	// see append) and temp_store (to MEMORY) from busyTimeout and
+	// tempStore, the pool's values, which close sets back. A multi-row
+	// INSERT keeps a statement journal, a copy of every page it changes
+	// that an earlier statement of the transaction changed too, so it can
+	// undo itself; past 64 KiB SQLite spills it to a temporary file. Rows
+	// over 100 topics change a page each, and the spill's writes were as
+	// many as the commit's.
+	pragmas                bool
+	busyTimeout, tempStore int64
 }
 
 // lastRow is the log's newest row as insertRows needs it.
@@ -68,7 +66,7 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &logWriter{conn: conn, newest: -1, tempStore: -1}
+	w := &logWriter{conn: conn, newest: -1}
 	// A pool of one (":memory:") lends the writer its connection for one
 	// batch at a time, has no other connection to wait for, and no file.
 	if db.Stats().MaxOpenConnections != 1 {
@@ -102,7 +100,7 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 // pool's values for close: busy_timeout off, so that a BEGIN IMMEDIATE that
 // finds another connection's write lock returns SQLITE_BUSY at once and
 // retryBusy waits instead, watching ctx (see append); temp_store MEMORY
-// (see tempStore).
+// (see pragmas).
 func (w *logWriter) setPragmas(ctx context.Context) error {
 	var ms, temp int64
 	if err := w.conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&ms); err != nil {
@@ -114,7 +112,7 @@ func (w *logWriter) setPragmas(ctx context.Context) error {
 	if _, err := w.conn.ExecContext(ctx, "PRAGMA busy_timeout = 0; PRAGMA temp_store = MEMORY"); err != nil {
 		return err
 	}
-	w.busyTimeout, w.tempStore = ms, temp
+	w.pragmas, w.busyTimeout, w.tempStore = true, ms, temp
 	return nil
 }
 
@@ -130,7 +128,7 @@ func (w *logWriter) close(broken bool) {
 	for _, s := range w.runs {
 		s.Close()
 	}
-	if !broken && w.tempStore >= 0 {
+	if !broken && w.pragmas {
 		_, err := w.conn.ExecContext(context.Background(),
 			fmt.Sprintf("PRAGMA busy_timeout = %d; PRAGMA temp_store = %d", w.busyTimeout, w.tempStore))
 		broken = err != nil
@@ -196,8 +194,9 @@ func (l *Store) releaseWriter(broken bool) {
 // looked at before each, so an ended ctx rolls the batch back before its
 // next row. BEGIN IMMEDIATE, which waits for another connection's write
 // lock, finds busy_timeout off (see setPragmas) and gets SQLITE_BUSY at
-// once: retryBusy waits, and gives up when ctx ends. A connection whose
-// busy_timeout was 0 already has it left alone, and BEGIN runs with ctx.
+// once: retryBusy waits, and gives up when ctx ends. On a pool of one,
+// whose connection the writer borrows per batch with its pragmas as they
+// are, BEGIN runs with ctx.
 func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool) (broken bool, err error) {
 	if err := w.beginWrite(ctx); err != nil {
 		return false, err
@@ -219,7 +218,7 @@ func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool)
 // (see append).
 func (w *logWriter) beginWrite(ctx context.Context) error {
 	bctx := ctx
-	if w.busyTimeout > 0 {
+	if w.pragmas {
 		bctx = context.Background()
 	}
 	return retryBusy(ctx, func() error {
