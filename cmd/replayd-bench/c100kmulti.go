@@ -592,28 +592,12 @@ type clientProc struct {
 
 // startClient spawns this executable in the client role.
 func startClient(cfg clientConfig) (*clientProc, error) {
-	js, err := json.Marshal(cfg)
+	ch, err := startChild(clientRole, cfg)
 	if err != nil {
 		return nil, err
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		exe = os.Args[0]
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), roleEnv+"="+clientRole, configEnv+"="+string(js))
-	c := &clientProc{cmd: cmd, lines: make(chan string, 64), stderr: &tailBuffer{max: 8 << 10}, waited: make(chan error, 1)}
-	cmd.Stderr = c.stderr
-	if c.stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
+	cmd, stdout := ch.cmd, ch.stdout
+	c := &clientProc{cmd: cmd, stdin: ch.stdin, lines: make(chan string, 64), stderr: ch.stderr, waited: make(chan error, 1)}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(nil, 4<<20)

@@ -447,28 +447,12 @@ type serverProc struct {
 // startServer spawns this executable in the server role and waits for its
 // address.
 func startServer(ctx context.Context, cfg serverConfig) (*serverProc, error) {
-	js, err := json.Marshal(cfg)
+	ch, err := startChild("server", cfg)
 	if err != nil {
 		return nil, err
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		exe = os.Args[0]
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), roleEnv+"=server", configEnv+"="+string(js))
-	p := &serverProc{cmd: cmd, stderr: &tailBuffer{max: 8 << 10}, waited: make(chan error, 1)}
-	cmd.Stderr = p.stderr
-	if p.stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
+	cmd, stdout := ch.cmd, ch.stdout
+	p := &serverProc{cmd: cmd, stdin: ch.stdin, stderr: ch.stderr, waited: make(chan error, 1)}
 	go func() { p.waited <- cmd.Wait() }()
 	addrc := make(chan string, 1)
 	go func() {
@@ -547,6 +531,41 @@ func (p *serverProc) stop() {
 }
 
 // tailBuffer keeps the last max bytes written to it.
+// child is a started process of this executable in a role (roleEnv),
+// with its config as JSON in configEnv, its stdin and stdout piped and the
+// end of its stderr kept.
+type child struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout io.ReadCloser
+	stderr *tailBuffer
+}
+
+// startChild starts this executable in role with cfg.
+func startChild(role string, cfg any) (*child, error) {
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+	c := &child{cmd: exec.Command(exe), stderr: &tailBuffer{max: 8 << 10}}
+	c.cmd.Env = append(os.Environ(), roleEnv+"="+role, configEnv+"="+string(js))
+	c.cmd.Stderr = c.stderr
+	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	if c.stdout, err = c.cmd.StdoutPipe(); err != nil {
+		return nil, err
+	}
+	if err := c.cmd.Start(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
 type tailBuffer struct {
 	mu  sync.Mutex
 	max int
