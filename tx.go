@@ -15,7 +15,8 @@ import (
 // database (docs/transactions.md). The store appends the row in the
 // transaction (storage.TxAppender); the hub delivers it once committed:
 // InTx, which commits, delivers at once; a transaction the application
-// commits itself is watched (watchCommit) until its row shows in the log.
+// commits itself is watched (watchCommit) while it is open, and after it
+// ends until its row shows in the log.
 
 // txPublisher is the hub's state for transactional publishing.
 type txPublisher struct {
@@ -23,22 +24,24 @@ type txPublisher struct {
 	// owned holds InTx's transactions, with the events published in each.
 	owned map[*sql.Tx]*[]Event
 	// The watch of transactions the application commits: the highest
-	// sequence published in one, until when to look for it, whether the
-	// watch's goroutine runs, and a nudge that shortens its interval.
+	// sequence published in one, those of them not yet seen to end, until
+	// when to look for their rows once none is open, whether the watch's
+	// goroutine runs, and a nudge that shortens its interval.
 	target   int64
+	open     map[*sql.Tx]struct{}
 	until    time.Time
 	watching bool
 	kick     chan struct{}
 }
 
-// txWatchFor is how long the watch looks for rows published in a
-// transaction the application commits itself; txWatchMax its longest
-// interval. A transaction still open then is delivered by the tail, or by
-// this hub's next publish, after its commit.
-const (
-	txWatchFor = 30 * time.Second
-	txWatchMax = 100 * time.Millisecond
-)
+// txWatchFor is how long the watch goes on looking for rows published in
+// transactions the application commits itself once it has seen the last
+// of them end (the commit is visible a moment after database/sql marks the
+// transaction done; a rolled-back one's rows never show); txWatchMax is its
+// longest interval. A variable for tests.
+var txWatchFor = 30 * time.Second
+
+const txWatchMax = 100 * time.Millisecond
 
 // InTx runs fn inside a transaction on the hub's SQLite database and
 // commits it if fn returns nil, else rolls it back and returns fn's error.
@@ -100,7 +103,7 @@ func (h *EventHub) InTx(ctx context.Context, fn func(tx *sql.Tx) error) (err err
 	if cerr != nil {
 		if n := len(fresh); n > 0 {
 			// Whatever the commit did, the watch delivers what is there.
-			h.watchCommit(fresh[n-1].Sequence)
+			h.watchCommit(nil, fresh[n-1].Sequence)
 		}
 		return fmt.Errorf("replayd: commit: %w", cerr)
 	}
@@ -120,10 +123,10 @@ func (h *EventHub) InTx(ctx context.Context, fn func(tx *sql.Tx) error) (err err
 //
 // Within InTx, the event is delivered when InTx commits. In a transaction
 // the application commits itself, the hub watches the log, at intervals
-// from 1 ms up to 100 ms, for 30 s after the publish, and delivers the
-// event to its live subscribers as soon as the commit shows; after that,
-// the tail (StartTail), or the hub's next Publish, does. Other hubs on the
-// file deliver it through their tails.
+// from 1 ms up to 100 ms, for as long as tx is open and up to 30 s after
+// it ends, and delivers the event to its live subscribers as soon as the
+// commit shows: within about 100 ms of the commit, however late it comes.
+// Other hubs on the file deliver it through their tails.
 //
 // A PublishTx refused for its arguments (ErrInvalid) writes nothing, and tx
 // goes on; after any other error, roll tx back. A transaction the
@@ -167,7 +170,7 @@ func (h *EventHub) PublishTx(ctx context.Context, tx *sql.Tx, topic string, payl
 		return r.Event, nil
 	}
 	t.mu.Unlock()
-	h.watchCommit(r.Event.Sequence)
+	h.watchCommit(tx, r.Event.Sequence)
 	return r.Event, nil
 }
 
@@ -203,15 +206,21 @@ func (h *EventHub) deliverCommitted(evs []Event) {
 	h.deliver(evs[0].Sequence-1, evs, false)
 }
 
-// watchCommit makes the watch look for rows up to seq, published in a
-// transaction the application commits itself, starting its goroutine if
-// it is not running.
-func (h *EventHub) watchCommit(seq int64) {
+// watchCommit makes the watch look for rows up to seq, published in tx, a
+// transaction the application commits itself (nil: one already ended),
+// starting its goroutine if it is not running.
+func (h *EventHub) watchCommit(tx *sql.Tx, seq int64) {
 	t := &h.txp
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.target = max(t.target, seq)
 	t.until = time.Now().Add(txWatchFor)
+	if tx != nil {
+		if t.open == nil {
+			t.open = make(map[*sql.Tx]struct{})
+		}
+		t.open[tx] = struct{}{}
+	}
 	if t.watching {
 		select {
 		case t.kick <- struct{}{}:
@@ -228,21 +237,27 @@ func (h *EventHub) watchCommit(seq int64) {
 }
 
 // watchLoop reads the head at growing intervals, from 1 ms (again after
-// each new publish) up to txWatchMax, and delivers through live delivery's
-// one path once it reaches the watched sequence. It stops when the live
-// position has reached it, after txWatchFor without a new publish, or at
-// Close. A rolled-back transaction's sequence may be taken again by another
-// row: the watch then delivers that row, as the tail would.
+// each new publish, and once a watched transaction is seen to end) up to
+// txWatchMax, and delivers through live delivery's one path whatever the
+// head shows above the live position. It stops when the live position has
+// reached the watched sequence, when no watched transaction is open and
+// txWatchFor has passed since the last one ended (or the last publish),
+// or at Close. A transaction's commit may come at any time, so the watch
+// never gives up on one still open. A rolled-back transaction's sequence
+// may be taken again by another row: the watch then delivers that row, as
+// the tail would.
 func (h *EventHub) watchLoop() {
 	t := &h.txp
 	wait := time.Millisecond
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	var open []*sql.Tx
 	for {
 		select {
 		case <-h.ctx.Done():
 			t.mu.Lock()
 			t.watching = false
+			t.open = nil
 			t.mu.Unlock()
 			return
 		case <-t.kick:
@@ -251,13 +266,25 @@ func (h *EventHub) watchLoop() {
 			continue
 		case <-timer.C:
 		}
+		// Which watched transactions ended, looked at outside t.mu (see
+		// txEnded).
 		t.mu.Lock()
-		target := t.target
+		open = open[:0]
+		for tx := range t.open {
+			open = append(open, tx)
+		}
 		t.mu.Unlock()
+		var ended []*sql.Tx
+		for _, tx := range open {
+			if txEnded(tx) {
+				ended = append(ended, tx)
+			}
+		}
+		clear(open)
 		ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 		head, err := h.store.Head(ctx)
 		cancel()
-		if err == nil && head >= target {
+		if err == nil && head > h.live.position() {
 			for {
 				n, _, err := h.deliver(head, nil, true)
 				if err != nil || n < catchUpPage {
@@ -267,13 +294,34 @@ func (h *EventHub) watchLoop() {
 		}
 		pos := h.live.position()
 		t.mu.Lock()
+		for _, tx := range ended {
+			delete(t.open, tx)
+		}
+		if len(t.open) > 0 {
+			t.until = time.Now().Add(txWatchFor)
+		}
 		if pos >= t.target || time.Now().After(t.until) {
 			t.watching = false
+			t.open = nil
 			t.mu.Unlock()
 			return
 		}
 		t.mu.Unlock()
-		wait = min(2*wait, txWatchMax)
+		if len(ended) > 0 {
+			// Its commit, if it committed, shows in a moment.
+			wait = time.Millisecond
+		} else {
+			wait = min(2*wait, txWatchMax)
+		}
 		timer.Reset(wait)
 	}
+}
+
+// txEnded reports whether tx has been committed or rolled back, without
+// touching its connection: database/sql answers sql.ErrTxDone to any call
+// on an ended transaction, and on an open one refuses a statement of no
+// database before doing anything (TestTxEnded pins both). It waits only
+// while a Commit or Rollback of tx waits for tx's running statements.
+func txEnded(tx *sql.Tx) bool {
+	return errors.Is(tx.StmtContext(context.Background(), new(sql.Stmt)).Close(), sql.ErrTxDone)
 }

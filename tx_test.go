@@ -121,6 +121,173 @@ func TestPublishTxOwnTxDelivers(t *testing.T) {
 	oc.Quiet(10 * time.Millisecond)
 }
 
+// setTxWatchFor sets the watch's window (txWatchFor) to d for the test:
+// call it before making the test's hubs, so that it is restored after
+// they close.
+func setTxWatchFor(t *testing.T, d time.Duration) {
+	t.Helper()
+	old := txWatchFor
+	txWatchFor = d
+	t.Cleanup(func() { txWatchFor = old })
+}
+
+// txWatching reports whether h's commit watch runs.
+func txWatching(h *EventHub) bool {
+	h.txp.mu.Lock()
+	defer h.txp.mu.Unlock()
+	return h.txp.watching
+}
+
+// beginPublishTx begins a transaction on db, writes an order in it and
+// publishes it there with PublishTx.
+func beginPublishTx(t *testing.T, db *sql.DB, h *EventHub, id int) (*sql.Tx, Event) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback() })
+	if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, status) VALUES (?, 'shipped')`, id); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := h.PublishTx(ctx, tx, "orders", map[string]any{"id": id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx, ev
+}
+
+// TestPublishTxLateCommit: a transaction the application commits itself
+// long after its publish, past the watch's window (shortened here from
+// 30 s), is still delivered to a live client soon after the commit, with
+// no tail and no other publish; then the watch ends.
+func TestPublishTxLateCommit(t *testing.T) {
+	const window = 200 * time.Millisecond
+	setTxWatchFor(t, window)
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	c := wiretest.Dial(t, serve(t, h).URL+"?topic=orders", nil)
+	c.Hello()
+
+	tx, ev := beginPublishTx(t, db, h, 7)
+	published := time.Now()
+	c.Quiet(5 * window) // open past the window: nothing is delivered
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	committed := time.Now()
+	f, err := c.NextErr(5 * time.Second)
+	if err != nil {
+		t.Fatalf("the event committed %v after its publish, within 5 s of the commit: %v",
+			committed.Sub(published).Round(time.Millisecond), err)
+	}
+	if f.ID != fmt.Sprint(ev.Sequence) {
+		t.Fatalf("frame %+v, want event %d", f, ev.Sequence)
+	}
+	t.Logf("committed %v after the publish, delivered %v after the commit",
+		committed.Sub(published).Round(time.Millisecond), time.Since(committed).Round(time.Microsecond))
+	c.Quiet(100 * time.Millisecond) // once
+	wiretest.WaitUntil(t, "the watch to end", func() bool { return !txWatching(h) })
+}
+
+// TestPublishTxLateRollback: a transaction that published and stays open
+// past the watch's window, then rolls back, delivers nothing, no gap
+// either, and the watch ends within a window of the rollback: nothing
+// reads the log once no transaction is left to watch. A publish after it
+// follows with no gap.
+func TestPublishTxLateRollback(t *testing.T) {
+	const window = 200 * time.Millisecond
+	setTxWatchFor(t, window)
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	c := wiretest.Dial(t, serve(t, h).URL+"?topic=orders", nil)
+	c.Hello()
+
+	tx, _ := beginPublishTx(t, db, h, 7)
+	c.Quiet(3 * window)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	wiretest.WaitUntil(t, "the watch to end", func() bool { return !txWatching(h) })
+	c.Quiet(100 * time.Millisecond)
+	ev := mustPublish(t, h, "orders", 3)
+	c.NextIs(ev.Sequence, "the next publish")
+}
+
+// TestTxEnded pins what the watch relies on from database/sql (txEnded):
+// an open transaction reads as open, also while another goroutine runs a
+// statement in it, and one committed, rolled back, or ended by its
+// context reads as ended.
+func TestTxEnded(t *testing.T) {
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	begin := func(ctx context.Context, id int) *sql.Tx {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tx.Rollback() })
+		if _, err := tx.Exec(`INSERT INTO orders (id, status) VALUES (?, 'shipped')`, id); err != nil {
+			t.Fatal(err)
+		}
+		if txEnded(tx) {
+			t.Fatal("an open transaction reads as ended")
+		}
+		return tx
+	}
+	tx := begin(context.Background(), 1)
+	rows, err := tx.Query(`SELECT id FROM orders`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if txEnded(tx) {
+		t.Fatal("an open transaction reads as ended while a query runs in it")
+	}
+	rows.Close()
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if !txEnded(tx) {
+		t.Fatal("a committed transaction reads as open")
+	}
+	tx = begin(context.Background(), 2)
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if !txEnded(tx) {
+		t.Fatal("a rolled-back transaction reads as open")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tx = begin(ctx, 3)
+	cancel() // database/sql rolls it back
+	wiretest.WaitUntil(t, "the cancelled transaction to read as ended", func() bool { return txEnded(tx) })
+}
+
+// TestPublishTxOpenAtClose: Close ends the watch of a transaction still
+// open.
+func TestPublishTxOpenAtClose(t *testing.T) {
+	db, _ := openTestDB(t)
+	ordersTable(t, db)
+	h := newTestHub(t, db, Options{})
+	tx, _ := beginPublishTx(t, db, h, 7)
+	if !txWatching(h) {
+		t.Fatal("no watch after PublishTx")
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if txWatching(h) {
+		t.Fatal("the watch runs after Close")
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestInTxRollback(t *testing.T) {
 	db, _ := openTestDB(t)
 	ordersTable(t, db)
