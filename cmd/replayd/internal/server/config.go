@@ -77,7 +77,7 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.StringVar(&c.Listen, "listen", c.Listen, "`address` to listen on")
 	fs.StringVar(&c.DB, "db", c.DB, "SQLite database `file`")
 	fs.StringVar(&c.Postgres, "postgres", "", "PostgreSQL `DSN` (several nodes on one database); replaces --db")
-	fs.Var(&keys, "publish-key", "publish `KEY` or KEY=PATTERN[,PATTERN...] (repeatable); without = the key publishes anywhere")
+	fs.Var(&keys, "publish-key", "publish `KEY` or KEY=PATTERN[,PATTERN...] (repeatable): a bare key publishes anywhere; split at the last =, so a base64 key ending in = needs =PATTERN; make keys with openssl rand -hex 32")
 	fs.StringVar(&c.PGPrefix, "postgres-table-prefix", "", "with --postgres: the tables' name `prefix` (default replayd_)")
 	fs.StringVar(&c.TokenKeyFile, "token-key", "", "subscriber token key `file`: an HS256 secret, or a PEM public key (RS256, ES256, EdDSA)")
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "", "required token `iss`")

@@ -43,6 +43,11 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 			s.Close()
 		}
 	}()
+	for i, k := range c.PublishKeys {
+		if k.short {
+			log.Warn(fmt.Sprintf("publish key shorter than %d bytes: easy to guess; make one with openssl rand -hex 32", minKeyLen), "publish_key", i+1)
+		}
+	}
 	subs := &subscribers{public: c.PublicTopics}
 	if c.TokenKeyFile != "" {
 		v, err := loadVerifier(c)
