@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -123,7 +125,7 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 	mux := http.NewServeMux()
 	mux.Handle("/events", subs.wrap(s.hub.Handler()))
 	mux.Handle("/poll", subs.wrap(s.hub.PollHandler()))
-	mux.Handle("/replayd.js", replayd.ClientScript())
+	mux.Handle("/replayd.js", scriptCORS(c.AllowOrigins, replayd.ClientScript()))
 	mux.Handle("/publish", &publishHandler{hub: s.hub, keys: publishKeys(c.PublishKeys), maxBody: c.MaxBody, log: log})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/readyz", s.hub.ReadyHandler())
@@ -133,6 +135,32 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 	})
 	s.handler = mux
 	return s, nil
+}
+
+// scriptCORS lets the pages of allowed origins import the browser module:
+// a module script is fetched in CORS mode, so a page on another origin
+// than the server's gets it only with Access-Control-Allow-Origin. The
+// answer names the request's origin when --allow-origin lists it (Vary:
+// Origin), or is * with --allow-origin *; no cookies are involved.
+func scriptCORS(origins []string, next http.Handler) http.Handler {
+	if len(origins) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slices.Contains(origins, "*") {
+			w.Header().Set("Access-Control-Allow-Origin", "*")
+		} else {
+			w.Header().Add("Vary", "Origin")
+			origin := r.Header.Get("Origin")
+			for _, o := range origins {
+				if origin != "" && strings.EqualFold(o, origin) {
+					w.Header().Set("Access-Control-Allow-Origin", origin)
+					break
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func newSQLiteHub(ctx context.Context, db *sql.DB, opts replayd.Options) (*replayd.EventHub, error) {
