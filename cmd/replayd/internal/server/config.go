@@ -33,16 +33,22 @@ type Config struct {
 	RetentionMaxAge    time.Duration
 	RetentionMaxEvents int64
 
-	ReplayLimit    int
-	MaxConnections int
-	MaxTopics      int
-	Heartbeat      time.Duration
-	Retry          time.Duration
-	PollMaxWait    time.Duration
-	TailInterval   time.Duration
-	MaxBody        int64
-	Detach         bool
-	LogLevel       slog.Level
+	ReplayLimit       int
+	MaxConnections    int
+	MaxTCPConnections int // most open connections of any kind; beyond it one is closed at once
+
+	ReadHeaderTimeout time.Duration // for a request's headers
+	ReadTimeout       time.Duration // for a POST /publish body
+	IdleTimeout       time.Duration // a keep-alive connection between requests
+
+	MaxTopics    int
+	Heartbeat    time.Duration
+	Retry        time.Duration
+	PollMaxWait  time.Duration
+	TailInterval time.Duration
+	MaxBody      int64
+	Detach       bool
+	LogLevel     slog.Level
 }
 
 // UsageError is a bad flag or value: the command exits with status 2.
@@ -68,6 +74,10 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 		PollMaxWait:  30 * time.Second,
 		MaxTopics:    32,
 		TailInterval: time.Second,
+
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       90 * time.Second,
 	}
 	fs := flag.NewFlagSet("replayd serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -89,6 +99,10 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.Int64Var(&c.RetentionMaxEvents, "retention-max-events", 0, "keep at most this many newest `events` (0: keep all)")
 	fs.IntVar(&c.ReplayLimit, "replay-limit", c.ReplayLimit, "most `events` replayed on a reconnect before a gap")
 	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls (0: no cap)")
+	fs.IntVar(&c.MaxTCPConnections, "max-tcp-connections", 0, "most open TCP `connections` of any kind, idle keep-alives included; one beyond it is closed at once (0: no cap)")
+	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", c.ReadHeaderTimeout, "longest wait for a request's headers; the connection is closed then (0: none)")
+	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "longest read of a POST /publish body, answered 408 then (0: none); streams and polls are never cut by it")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "longest an idle keep-alive connection is kept open between requests (0: none)")
 	fs.IntVar(&c.MaxTopics, "max-topics", c.MaxTopics, "most topics in one request")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", c.Heartbeat, "heartbeat `interval` (negative: none)")
 	fs.DurationVar(&c.Retry, "retry", 0, "reconnect `delay` told to EventSource clients (0: the browser's default)")
@@ -179,6 +193,14 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 		return c, usagef("--retry must not be negative")
 	case c.MaxConnections < 0:
 		return c, usagef("--max-connections must not be negative")
+	case c.MaxTCPConnections < 0:
+		return c, usagef("--max-tcp-connections must not be negative")
+	case c.ReadHeaderTimeout < 0:
+		return c, usagef("--read-header-timeout must not be negative")
+	case c.ReadTimeout < 0:
+		return c, usagef("--read-timeout must not be negative")
+	case c.IdleTimeout < 0:
+		return c, usagef("--idle-timeout must not be negative")
 	case c.MaxTopics < 1:
 		return c, usagef("--max-topics must be at least 1")
 	case c.TailInterval <= 0:

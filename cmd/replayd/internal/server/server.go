@@ -33,13 +33,14 @@ type Server struct {
 	hub     *replayd.EventHub
 	handler http.Handler
 	log     *slog.Logger
+	conf    Config             // its timeouts and connection cap, for Serve
 	stop    context.CancelFunc // ends every stream and waiting poll
 	closers []func() error     // run in order by Close: stop the tail and retention, close the hub, then the store
 }
 
 // New opens the log c names and builds the server's handler.
 func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error) {
-	s := &Server{log: log}
+	s := &Server{log: log, conf: c}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -126,7 +127,7 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 	mux.Handle("/events", subs.wrap(s.hub.Handler()))
 	mux.Handle("/poll", subs.wrap(s.hub.PollHandler()))
 	mux.Handle("/replayd.js", scriptCORS(c.AllowOrigins, replayd.ClientScript()))
-	mux.Handle("/publish", &publishHandler{hub: s.hub, keys: publishKeys(c.PublishKeys), maxBody: c.MaxBody, log: log})
+	mux.Handle("/publish", bodyDeadline(c.ReadTimeout, &publishHandler{hub: s.hub, keys: publishKeys(c.PublishKeys), maxBody: c.MaxBody, log: log}))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/readyz", s.hub.ReadyHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -197,11 +198,16 @@ func (s *Server) Hub() *replayd.EventHub { return s.hub }
 // ends every stream and waiting poll (clients reconnect elsewhere), lets
 // in-flight publishes finish (within DrainTimeout), and closes the log.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	// No ReadTimeout or WriteTimeout: they would end every stream and long
+	// poll. A publish body is bounded by bodyDeadline, a stream's writes
+	// by the hub's own write deadlines.
 	srv := &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: s.conf.ReadHeaderTimeout,
+		IdleTimeout:       s.conf.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
+	ln = limitListener(ln, s.conf.MaxTCPConnections)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
