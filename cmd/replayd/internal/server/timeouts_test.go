@@ -162,38 +162,38 @@ func testServeTimeouts(t *testing.T, args ...string) {
 	t.Logf("the stream and the poll delivered after %v", time.Since(t0))
 }
 
-// --max-tcp-connections counts every connection, idle keep-alives
-// included: one beyond it is closed at once, unanswered, and a slot freed
-// by a closing connection serves again.
+// --max-tcp-connections counts every connection, streams (net/http's and
+// detached ones) and idle keep-alives: one beyond it is closed at once,
+// unanswered, and the slot a closed stream frees serves again.
 func TestServeMaxTCPConnections(t *testing.T) {
-	base := serving(t, "--max-tcp-connections", "2")
-	addr := strings.TrimPrefix(base, "http://")
-	var idle []net.Conn
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("connection %d: %v", len(idle)+1, err)
-		}
-		idle = append(idle, c)
+	for _, mode := range []string{"net/http", "detached"} {
+		t.Run(mode, func(t *testing.T) {
+			base := serving(t, "--max-tcp-connections", "2", "--public-topics", "pub-*", "--detach="+fmt.Sprint(mode == "detached"))
+			stream := wiretest.Dial(t, base+"/events?topic=pub-1", nil)
+			stream.Hello()
+			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 200 {
+				t.Fatalf("a keep-alive under the cap: %v", err)
+			}
+			answer, open := held(t, base, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "", 2*time.Second)
+			if answer != "" {
+				t.Fatalf("a connection beyond the cap was answered %q", answer)
+			}
+			t.Logf("a third connection closed after %v", open)
+			stream.Close()
+			wiretest.WaitUntil(t, "the slot of the closed stream to serve", func() bool {
+				resp, err := fresh.Get(base + "/healthz")
+				if err != nil {
+					return false
+				}
+				resp.Body.Close()
+				return resp.StatusCode == 200
+			})
+		})
 	}
-	answer, open := held(t, base, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "", 2*time.Second)
-	if answer != "" {
-		t.Fatalf("a connection beyond the cap was answered %q", answer)
-	}
-	t.Logf("a third connection closed after %v", open)
-	idle[0].Close()
-	wiretest.WaitUntil(t, "a freed slot to serve", func() bool {
-		resp, err := fresh.Get(base + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
 }
