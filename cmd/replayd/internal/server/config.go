@@ -38,7 +38,7 @@ type Config struct {
 	MaxTCPConnections int // most open connections of any kind; beyond it one is closed at once
 
 	ReadHeaderTimeout time.Duration // for a request's headers
-	ReadTimeout       time.Duration // for a POST /publish body
+	ReadTimeout       time.Duration // for a request body, POST /publish's above all
 	IdleTimeout       time.Duration // a keep-alive connection between requests
 
 	MaxTopics    int
@@ -101,7 +101,7 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls (0: no cap)")
 	fs.IntVar(&c.MaxTCPConnections, "max-tcp-connections", 0, "most open TCP `connections` of any kind, idle keep-alives included; one beyond it is closed at once (0: no cap)")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", c.ReadHeaderTimeout, "longest wait for a request's headers; the connection is closed then (0: none)")
-	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "longest read of a POST /publish body, answered 408 then (0: none); streams and polls are never cut by it")
+	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "longest read of a request body, then the connection is closed (POST /publish answers 408) (0: none); streams and polls are never cut by it")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "longest an idle keep-alive connection is kept open between requests (0: none)")
 	fs.IntVar(&c.MaxTopics, "max-topics", c.MaxTopics, "most topics in one request")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", c.Heartbeat, "heartbeat `interval` (negative: none)")

@@ -80,20 +80,27 @@ func (c *capConn) SyscallConn() (syscall.RawConn, error) {
 	return nil, errors.ErrUnsupported
 }
 
-// bodyDeadline bounds the reading of a request's body to d from the
-// moment its handler starts: a client dripping its body gets a read error
-// then (os.ErrDeadlineExceeded), and the connection is closed. Once the
-// body is read whole the deadline is lifted, so that net/http's check for
-// a vanished client, which reads the connection while the handler runs,
-// cannot end the request's context in the middle of an append.
+// bodyDeadline bounds the reading of a request's body, on every path, to
+// d from the moment its handler starts: a client dripping its body gets a
+// read error then (os.ErrDeadlineExceeded; POST /publish answers 408), and
+// the connection is closed, also when the handler reads none of it and
+// net/http reads it afterwards to reuse the connection. Once the body is
+// read whole the deadline is lifted, so that net/http's check for a
+// vanished client, which reads the connection while the handler runs,
+// cannot end the request's context in the middle of an append. A request
+// without a body (every stream and poll an EventSource or the browser
+// module sends) gets no deadline: that check starts at once for it, and a
+// deadline would end the stream.
 func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
 	if d <= 0 {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(w)
-		if err := rc.SetReadDeadline(time.Now().Add(d)); err == nil {
-			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+		if r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			if err := rc.SetReadDeadline(time.Now().Add(d)); err == nil {
+				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+			}
 		}
 		next.ServeHTTP(w, r)
 	})

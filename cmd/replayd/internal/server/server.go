@@ -127,14 +127,14 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 	mux.Handle("/events", subs.wrap(s.hub.Handler()))
 	mux.Handle("/poll", subs.wrap(s.hub.PollHandler()))
 	mux.Handle("/replayd.js", scriptCORS(c.AllowOrigins, replayd.ClientScript()))
-	mux.Handle("/publish", bodyDeadline(c.ReadTimeout, &publishHandler{hub: s.hub, keys: publishKeys(c.PublishKeys), maxBody: c.MaxBody, log: log}))
+	mux.Handle("/publish", &publishHandler{hub: s.hub, keys: publishKeys(c.PublishKeys), maxBody: c.MaxBody, log: log})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/readyz", s.hub.ReadyHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
 	})
-	s.handler = mux
+	s.handler = bodyDeadline(c.ReadTimeout, mux)
 	return s, nil
 }
 
