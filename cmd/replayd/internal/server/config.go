@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -82,12 +83,13 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs := flag.NewFlagSet("replayd serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var keys, origins multiFlag
-	var public, level string
+	var public, level, keyFile string
 	var maxBody sizeFlag = sizeFlag(c.MaxBody)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "`address` to listen on")
 	fs.StringVar(&c.DB, "db", c.DB, "SQLite database `file`")
 	fs.StringVar(&c.Postgres, "postgres", "", "PostgreSQL `DSN` (several nodes on one database); replaces --db")
 	fs.Var(&keys, "publish-key", "publish `KEY` or KEY=PATTERN[,PATTERN...] (repeatable): a bare key publishes anywhere; split at the last =, so a base64 key ending in = needs =PATTERN; make keys with openssl rand -hex 32")
+	fs.StringVar(&keyFile, "publish-key-file", "", "`file` of publish keys, one a line: KEY, or KEY PATTERN[,PATTERN...] after white space (any key, = included); # starts a comment line")
 	fs.StringVar(&c.PGPrefix, "postgres-table-prefix", "", "with --postgres: the tables' name `prefix` (default replayd_)")
 	fs.StringVar(&c.TokenKeyFile, "token-key", "", "subscriber token key `file`: an HS256 secret, or a PEM public key (RS256, ES256, EdDSA)")
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "", "required token `iss`")
@@ -168,6 +170,17 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 			return c, usagef("--publish-key: %v", err)
 		}
 		c.PublishKeys = append(c.PublishKeys, pk)
+	}
+	if keyFile != "" {
+		b, err := os.ReadFile(keyFile)
+		if err != nil {
+			return c, usagef("--publish-key-file: %v", err)
+		}
+		ks, err := parsePublishKeyFile(string(b))
+		if err != nil {
+			return c, usagef("--publish-key-file %s: %v", keyFile, err)
+		}
+		c.PublishKeys = append(c.PublishKeys, ks...)
 	}
 	c.AllowOrigins = origins
 	if public != "" {

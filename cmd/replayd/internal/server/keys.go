@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 )
@@ -40,15 +41,47 @@ func parsePublishKey(s string) (PublishKey, error) {
 	case strings.ContainsAny(key, " \t\r\n"):
 		return PublishKey{}, errors.New("a key holds no white space")
 	}
-	pk := PublishKey{hash: sha256.Sum256([]byte(key)), Patterns: Patterns{"*"}, short: len(key) < minKeyLen}
-	if i >= 0 {
-		p, err := ParsePatterns(pats)
-		if err != nil {
-			return PublishKey{}, err
-		}
-		pk.Patterns = p
+	if i < 0 {
+		return newPublishKey(key, Patterns{"*"}), nil
 	}
-	return pk, nil
+	p, err := ParsePatterns(pats)
+	if err != nil {
+		return PublishKey{}, err
+	}
+	return newPublishKey(key, p), nil
+}
+
+func newPublishKey(key string, p Patterns) PublishKey {
+	return PublishKey{hash: sha256.Sum256([]byte(key)), Patterns: p, short: len(key) < minKeyLen}
+}
+
+// parsePublishKeyFile parses the lines of a --publish-key-file: KEY alone
+// (publishes anywhere) or KEY, white space, PATTERN[,PATTERN...]; blank
+// lines and lines starting with # are skipped. A key ends at the first
+// white space, so it may hold any other byte, = included. Errors name the
+// line, never the key.
+func parsePublishKeyFile(text string) ([]PublishKey, error) {
+	var keys []PublishKey
+	for n, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, ps := line, Patterns{"*"}
+		if i := strings.IndexAny(line, " \t"); i >= 0 {
+			key = line[:i]
+			p, err := ParsePatterns(strings.TrimSpace(line[i+1:]))
+			if err != nil {
+				return nil, fmt.Errorf("line %d: %v", n+1, err)
+			}
+			ps = p
+		}
+		keys = append(keys, newPublishKey(key, ps))
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("no key in it")
+	}
+	return keys, nil
 }
 
 // publishKeys finds the key a request presents, comparing it with every

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -129,5 +130,50 @@ func TestShortPublishKeyWarns(t *testing.T) {
 		if warned != tc.warn {
 			t.Errorf("key %q: warned %v, want %v; logs:\n%s", tc.key, warned, tc.warn, logs.String())
 		}
+	}
+}
+
+// --publish-key-file holds one key a line, its patterns after white
+// space: any key, padded base64 included, and patterns holding = need no
+// splitting rule. A bad line is refused with its number, never its key.
+func TestPublishKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "keys")
+	content := "# the backend's keys\n\nc2VjcmV0a2V5Zm9ycHVibGlzaA==\nhex0123456789abcdef room-*, a=b\n\tspaced-key-0123456789\t chat \n"
+	if err := os.WriteFile(good, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseServe([]string{"--publish-key-file", good, "--publish-key", "flagkey0123456789ab=x"}, func(string) string { return "" }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{
+		"c2VjcmV0a2V5Zm9ycHVibGlzaA==": "*",
+		"hex0123456789abcdef":          "room-*,a=b",
+		"spaced-key-0123456789":        "chat",
+		"flagkey0123456789ab":          "x",
+	} {
+		r, _ := http.NewRequest("POST", "/publish", nil)
+		r.Header.Set("Authorization", "Bearer "+key)
+		got, ok := publishKeys(c.PublishKeys).lookup(r)
+		if !ok || strings.Join(pstrings(got), ",") != want {
+			t.Errorf("key %q: patterns %v (%v), want %s", key, got, ok, want)
+		}
+	}
+	for _, tc := range []struct{ content, refusal string }{
+		{"secret-key-0123456789 room-*,,b\n", "line 1: empty pattern"},
+		{"# none\n\n", "no key"},
+	} {
+		bad := filepath.Join(dir, "bad")
+		if err := os.WriteFile(bad, []byte(tc.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ParseServe([]string{"--publish-key-file", bad}, func(string) string { return "" }, nil)
+		if err == nil || !strings.Contains(err.Error(), "--publish-key-file") || !strings.Contains(err.Error(), tc.refusal) || strings.Contains(err.Error(), "secret-key") {
+			t.Errorf("%q: %v, want a refusal naming --publish-key-file and saying %q, not the key", tc.content, err, tc.refusal)
+		}
+	}
+	if _, err := ParseServe([]string{"--publish-key-file", filepath.Join(dir, "absent")}, func(string) string { return "" }, nil); err == nil || !strings.Contains(err.Error(), "--publish-key-file") {
+		t.Errorf("a missing file: %v", err)
 	}
 }
