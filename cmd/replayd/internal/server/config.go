@@ -100,7 +100,7 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.DurationVar(&c.RetentionMaxAge, "retention-max-age", 0, "delete events older than this `duration` (0: keep)")
 	fs.Int64Var(&c.RetentionMaxEvents, "retention-max-events", 0, "keep at most this many newest `events` (0: keep all)")
 	fs.IntVar(&c.ReplayLimit, "replay-limit", c.ReplayLimit, "most `events` replayed on a reconnect before a gap")
-	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls (0: no cap)")
+	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls, answered as overloaded beyond it (0: no cap; --max-tcp-connections caps all connections)")
 	fs.IntVar(&c.MaxTCPConnections, "max-tcp-connections", 0, "most open TCP `connections` of any kind, idle keep-alives included; one beyond it is closed at once (0: no cap)")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", c.ReadHeaderTimeout, "longest wait for a request's headers; the connection is closed then (0: none)")
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "longest read of a request body, then the connection is closed (POST /publish answers 408) (0: none); streams and polls are never cut by it")
