@@ -34,6 +34,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"base64 key alone", nil, []string{"--publish-key", "c2VjcmV0a2V5Zm9ycHVibGlzaA=="}, "--publish-key"},
 		{"ambiguous key", []string{"REPLAYD_PUBLISH_KEY=k=a=b"}, nil, "--publish-key"},
 		{"negative idle timeout", nil, []string{"--idle-timeout", "-1s"}, "--idle-timeout"},
+		{"missing publish key file", nil, []string{"--publish-key-file", filepath.Join(dir, "absent")}, "--publish-key-file"},
 		{"bad public pattern", nil, []string{"--public-topics", "a,,b"}, "--public-topics"},
 		{"log level", nil, []string{"--log-level", "loud"}, "--log-level"},
 		{"missing token key", nil, []string{"--token-key", filepath.Join(dir, "absent")}, "--token-key"},
