@@ -33,11 +33,11 @@ func parsePublishKey(s string) (PublishKey, error) {
 	}
 	switch {
 	case i == len(s)-1 && strings.TrimRight(s, "=") != "":
-		return PublishKey{}, errors.New("ends in =: a key ending in = (base64 padding) needs its patterns after one more = (KEY=* to publish anywhere); or use a key without =, such as `openssl rand -hex 32` makes")
+		return PublishKey{}, errors.New("ends in =: a key ending in = (base64 padding) needs its patterns after one more = (KEY=* to publish anywhere), or give it in --publish-key-file; or use a key without =, such as openssl rand -hex 32 makes")
 	case strings.TrimRight(key, "=") == "":
 		return PublishKey{}, errors.New("empty key")
 	case strings.Contains(strings.TrimRight(key, "="), "="):
-		return PublishKey{}, errors.New("ambiguous: KEY=PATTERN is split at the last =, and a key may hold = only at its end (base64 padding), a pattern not at all")
+		return PublishKey{}, errors.New("ambiguous: KEY=PATTERN is split at the last =, and a key may hold = only at its end (base64 padding), a pattern not at all; --publish-key-file takes any key and pattern")
 	case strings.ContainsAny(key, " \t\r\n"):
 		return PublishKey{}, errors.New("a key holds no white space")
 	}

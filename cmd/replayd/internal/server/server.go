@@ -199,7 +199,7 @@ func (s *Server) Hub() *replayd.EventHub { return s.hub }
 // in-flight publishes finish (within DrainTimeout), and closes the log.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// No ReadTimeout or WriteTimeout: they would end every stream and long
-	// poll. A publish body is bounded by bodyDeadline, a stream's writes
+	// poll. A request body is bounded by bodyDeadline, a stream's writes
 	// by the hub's own write deadlines.
 	srv := &http.Server{
 		Handler:           s.handler,
