@@ -3,6 +3,9 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -149,4 +152,53 @@ func TestBrowserCookieTokenRefreshed(t *testing.T) {
 	// They come on a new stream: the old one ended at the expiry, and
 	// only the fresh cookie opens one now.
 	pageGot(t, ctx, "events after the old token expired", want)
+}
+
+// Chromium, on a page of another origin than the server's (two listeners
+// on 127.0.0.1, different ports), as docs/server.md shows it: the page
+// imports /replayd.js from the server, which --allow-origin lets it do,
+// and receives events. A fetch of the module from an origin not allowed
+// gets no Access-Control-Allow-Origin, so a browser refuses it.
+func TestBrowserModuleCrossOrigin(t *testing.T) {
+	tab := chromium(t)
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, "<!doctype html><title>app</title>")
+	}))
+	t.Cleanup(app.Close)
+	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "x.db")), "--allow-origin", app.URL, "--retry", "100ms")...)
+	first := publish(t, d.base, "pub-1", "x0", 0).Sequence
+	ctx, cancel := context.WithTimeout(tab, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(app.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf(`(async () => {
+		const { subscribe } = await import(%q);
+		window.got = [];
+		subscribe({sse: %q, transport: "sse", topics: ["pub-1"], cursor: %d,
+			onEvent(ev) { window.got.push(ev.id); }});
+		return true;
+	})()`, d.base+"/replayd.js", d.base+"/events", first-1)
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](script, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatalf("importing %s/replayd.js from the page at %s: %v", d.base, app.URL, err)
+	}
+	want := []int64{first}
+	pageGot(t, ctx, "the replay", want)
+	want = append(want, publish(t, d.base, "pub-1", "x1", 1).Sequence)
+	pageGot(t, ctx, "a live event", want)
+
+	for _, tc := range []struct{ origin, allow string }{{app.URL, app.URL}, {"http://127.0.0.1:1", ""}} {
+		req, _ := http.NewRequest("GET", d.base+"/replayd.js", nil)
+		req.Header.Set("Origin", tc.origin)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("Access-Control-Allow-Origin"); resp.StatusCode != 200 || got != tc.allow || resp.Header.Get("Vary") != "Origin" {
+			t.Errorf("GET /replayd.js from %s: %d, Access-Control-Allow-Origin %q, Vary %q; want 200, %q, Origin",
+				tc.origin, resp.StatusCode, got, resp.Header.Get("Vary"), tc.allow)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,16 +34,22 @@ type Config struct {
 	RetentionMaxAge    time.Duration
 	RetentionMaxEvents int64
 
-	ReplayLimit    int
-	MaxConnections int
-	MaxTopics      int
-	Heartbeat      time.Duration
-	Retry          time.Duration
-	PollMaxWait    time.Duration
-	TailInterval   time.Duration
-	MaxBody        int64
-	Detach         bool
-	LogLevel       slog.Level
+	ReplayLimit       int
+	MaxConnections    int
+	MaxTCPConnections int // most open connections of any kind; beyond it one is closed at once
+
+	ReadHeaderTimeout time.Duration // for a request's headers
+	ReadTimeout       time.Duration // for a request body, POST /publish's above all
+	IdleTimeout       time.Duration // a keep-alive connection between requests
+
+	MaxTopics    int
+	Heartbeat    time.Duration
+	Retry        time.Duration
+	PollMaxWait  time.Duration
+	TailInterval time.Duration
+	MaxBody      int64
+	Detach       bool
+	LogLevel     slog.Level
 }
 
 // UsageError is a bad flag or value: the command exits with status 2.
@@ -68,16 +75,21 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 		PollMaxWait:  30 * time.Second,
 		MaxTopics:    32,
 		TailInterval: time.Second,
+
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       90 * time.Second,
 	}
 	fs := flag.NewFlagSet("replayd serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var keys, origins multiFlag
-	var public, level string
+	var public, level, keyFile string
 	var maxBody sizeFlag = sizeFlag(c.MaxBody)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "`address` to listen on")
 	fs.StringVar(&c.DB, "db", c.DB, "SQLite database `file`")
 	fs.StringVar(&c.Postgres, "postgres", "", "PostgreSQL `DSN` (several nodes on one database); replaces --db")
-	fs.Var(&keys, "publish-key", "publish `KEY` or KEY=PATTERN[,PATTERN...] (repeatable); without = the key publishes anywhere")
+	fs.Var(&keys, "publish-key", "publish `KEY` or KEY=PATTERN[,PATTERN...] (repeatable): a bare key publishes anywhere; split at the last =, so a base64 key ending in = needs =PATTERN; make keys with openssl rand -hex 32")
+	fs.StringVar(&keyFile, "publish-key-file", "", "`file` of publish keys, one a line: KEY, or KEY PATTERN[,PATTERN...] after white space (any key, = included); # starts a comment line")
 	fs.StringVar(&c.PGPrefix, "postgres-table-prefix", "", "with --postgres: the tables' name `prefix` (default replayd_)")
 	fs.StringVar(&c.TokenKeyFile, "token-key", "", "subscriber token key `file`: an HS256 secret, or a PEM public key (RS256, ES256, EdDSA)")
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "", "required token `iss`")
@@ -88,7 +100,11 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.DurationVar(&c.RetentionMaxAge, "retention-max-age", 0, "delete events older than this `duration` (0: keep)")
 	fs.Int64Var(&c.RetentionMaxEvents, "retention-max-events", 0, "keep at most this many newest `events` (0: keep all)")
 	fs.IntVar(&c.ReplayLimit, "replay-limit", c.ReplayLimit, "most `events` replayed on a reconnect before a gap")
-	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls (0: no cap)")
+	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls, answered as overloaded beyond it (0: no cap; --max-tcp-connections caps all connections)")
+	fs.IntVar(&c.MaxTCPConnections, "max-tcp-connections", 0, "most open TCP `connections` of any kind, idle keep-alives included; one beyond it is closed at once (0: no cap)")
+	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", c.ReadHeaderTimeout, "longest wait for a request's headers; the connection is closed then (0: none)")
+	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "longest read of a request body, then the connection is closed (POST /publish answers 408) (0: none); streams and polls are never cut by it")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "longest an idle keep-alive connection is kept open between requests (0: none)")
 	fs.IntVar(&c.MaxTopics, "max-topics", c.MaxTopics, "most topics in one request")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", c.Heartbeat, "heartbeat `interval` (negative: none)")
 	fs.DurationVar(&c.Retry, "retry", 0, "reconnect `delay` told to EventSource clients (0: the browser's default)")
@@ -155,6 +171,17 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 		}
 		c.PublishKeys = append(c.PublishKeys, pk)
 	}
+	if keyFile != "" {
+		b, err := os.ReadFile(keyFile)
+		if err != nil {
+			return c, usagef("--publish-key-file: %v", err)
+		}
+		ks, err := parsePublishKeyFile(string(b))
+		if err != nil {
+			return c, usagef("--publish-key-file %s: %v", keyFile, err)
+		}
+		c.PublishKeys = append(c.PublishKeys, ks...)
+	}
 	c.AllowOrigins = origins
 	if public != "" {
 		p, err := ParsePatterns(public)
@@ -179,6 +206,14 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 		return c, usagef("--retry must not be negative")
 	case c.MaxConnections < 0:
 		return c, usagef("--max-connections must not be negative")
+	case c.MaxTCPConnections < 0:
+		return c, usagef("--max-tcp-connections must not be negative")
+	case c.ReadHeaderTimeout < 0:
+		return c, usagef("--read-header-timeout must not be negative")
+	case c.ReadTimeout < 0:
+		return c, usagef("--read-timeout must not be negative")
+	case c.IdleTimeout < 0:
+		return c, usagef("--idle-timeout must not be negative")
 	case c.MaxTopics < 1:
 		return c, usagef("--max-topics must be at least 1")
 	case c.TailInterval <= 0:

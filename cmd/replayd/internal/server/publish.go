@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"os"
 
 	"github.com/replayd/replayd"
 )
@@ -67,6 +68,11 @@ func (p *publishHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
 			writeJSON(w, http.StatusRequestEntityTooLarge, errorAnswer{Error: fmt.Sprintf("body over %d bytes", p.maxBody)})
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.Header().Set("Connection", "close")
+			writeJSON(w, http.StatusRequestTimeout, errorAnswer{Error: "the body did not arrive within --read-timeout"})
 			return
 		}
 		writeJSON(w, http.StatusBadRequest, errorAnswer{Error: "reading the body failed"})

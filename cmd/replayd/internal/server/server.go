@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,18 +33,24 @@ type Server struct {
 	hub     *replayd.EventHub
 	handler http.Handler
 	log     *slog.Logger
+	conf    Config             // its timeouts and connection cap, for Serve
 	stop    context.CancelFunc // ends every stream and waiting poll
 	closers []func() error     // run in order by Close: stop the tail and retention, close the hub, then the store
 }
 
 // New opens the log c names and builds the server's handler.
 func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error) {
-	s := &Server{log: log}
+	s := &Server{log: log, conf: c}
 	defer func() {
 		if err != nil {
 			s.Close()
 		}
 	}()
+	for i, k := range c.PublishKeys {
+		if k.short {
+			log.Warn(fmt.Sprintf("publish key shorter than %d bytes: easy to guess; make one with openssl rand -hex 32", minKeyLen), "publish_key", i+1)
+		}
+	}
 	subs := &subscribers{public: c.PublicTopics}
 	if c.TokenKeyFile != "" {
 		v, err := loadVerifier(c)
@@ -118,7 +126,7 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 	mux := http.NewServeMux()
 	mux.Handle("/events", subs.wrap(s.hub.Handler()))
 	mux.Handle("/poll", subs.wrap(s.hub.PollHandler()))
-	mux.Handle("/replayd.js", replayd.ClientScript())
+	mux.Handle("/replayd.js", scriptCORS(c.AllowOrigins, replayd.ClientScript()))
 	mux.Handle("/publish", &publishHandler{hub: s.hub, keys: publishKeys(c.PublishKeys), maxBody: c.MaxBody, log: log})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/readyz", s.hub.ReadyHandler())
@@ -126,8 +134,34 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
 	})
-	s.handler = mux
+	s.handler = bodyDeadline(c.ReadTimeout, mux)
 	return s, nil
+}
+
+// scriptCORS lets the pages of allowed origins import the browser module:
+// a module script is fetched in CORS mode, so a page on another origin
+// than the server's gets it only with Access-Control-Allow-Origin. The
+// answer names the request's origin when --allow-origin lists it (Vary:
+// Origin), or is * with --allow-origin *; no cookies are involved.
+func scriptCORS(origins []string, next http.Handler) http.Handler {
+	if len(origins) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slices.Contains(origins, "*") {
+			w.Header().Set("Access-Control-Allow-Origin", "*")
+		} else {
+			w.Header().Add("Vary", "Origin")
+			origin := r.Header.Get("Origin")
+			for _, o := range origins {
+				if origin != "" && strings.EqualFold(o, origin) {
+					w.Header().Set("Access-Control-Allow-Origin", origin)
+					break
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func newSQLiteHub(ctx context.Context, db *sql.DB, opts replayd.Options) (*replayd.EventHub, error) {
@@ -164,11 +198,16 @@ func (s *Server) Hub() *replayd.EventHub { return s.hub }
 // ends every stream and waiting poll (clients reconnect elsewhere), lets
 // in-flight publishes finish (within DrainTimeout), and closes the log.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	// No ReadTimeout or WriteTimeout: they would end every stream and long
+	// poll. A request body is bounded by bodyDeadline, a stream's writes
+	// by the hub's own write deadlines.
 	srv := &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: s.conf.ReadHeaderTimeout,
+		IdleTimeout:       s.conf.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
+	ln = limitListener(ln, s.conf.MaxTCPConnections)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
