@@ -148,7 +148,8 @@ func New(opts Options) *Client {
 
 // Cursor returns the id of the last event the handler accepted (returned
 // nil for), or where the stream moved to without an event: the head, when
-// the client started FromHead and has received no event yet, or the head
+// the client started FromHead and has received no event yet, the end of
+// the range of a gap the handler accepted (MissedThrough), or the head
 // of a log that did not know the cursor (after an unknown_cursor gap). It
 // is FromHead until the first connection when the client started there.
 // Persist it, and pass it back as Options.Cursor to continue where this
@@ -177,7 +178,9 @@ type Event struct {
 // or beyond the server's replay limit, or the log did not know the
 // cursor): the application's state is incomplete, and should be reloaded
 // from a snapshot before it applies the events that follow. Fields the
-// server cannot give are nil. See PROTOCOL.md for each reason.
+// server cannot give are nil. See PROTOCOL.md for each reason. The range
+// is the part of the server's that the application was not told yet (see
+// the package doc, The cursor): never at or below the cursor.
 type Gap struct {
 	// Reason is "replay_limit", "pruned", "unknown_cursor" or
 	// "invalid_cursor".
@@ -386,6 +389,45 @@ func parseID(b []byte) (n int64, ok bool) {
 		n = n*10 + int64(ch-'0')
 	}
 	return n, len(b) > 0
+}
+
+// Gap reasons that start another history: the cursor moves to the head
+// of the log being read, which may be below it.
+const (
+	reasonUnknownCursor = "unknown_cursor"
+	reasonInvalidCursor = "invalid_cursor"
+)
+
+func isReset(g *Gap) bool {
+	return g.Reason == reasonUnknownCursor || g.Reason == reasonInvalidCursor
+}
+
+// news trims a gap with a range (any reason but unknown_cursor and
+// invalid_cursor) to what the application was not told yet: the part
+// above cursor and, when top (the highest sequence the server has shown:
+// its head, its last event) is known (>= 0), at or below top. It returns
+// nil when nothing is left, and the cursor after the gap: past its range,
+// never below cursor. A gap without a range is handed as it is, the cursor
+// unchanged. A trimmed range no longer has a count.
+func news(g *Gap, cursor, top int64) (_ *Gap, next int64) {
+	if g.MissedThrough == nil {
+		return g, cursor
+	}
+	through := *g.MissedThrough
+	if top >= 0 && through > top {
+		through = top
+	}
+	if through <= cursor || (g.MissedFrom != nil && *g.MissedFrom > through) {
+		return nil, cursor
+	}
+	if through != *g.MissedThrough {
+		g.MissedThrough, g.Missed = &through, nil
+	}
+	if g.MissedFrom != nil && *g.MissedFrom <= cursor {
+		from := cursor + 1
+		g.MissedFrom, g.Missed = &from, nil
+	}
+	return g, through
 }
 
 // accept hands m to handle and, when it accepts it, moves the cursor to

@@ -40,6 +40,25 @@
 // continue after a restart. Events at or below the cursor are never
 // handed again, whatever the server sends.
 //
+// A gap never moves the cursor backwards either, wherever in a stream or
+// poll answer it comes (replayd's server sends one only right after the
+// hello, or at the head of a poll answer; another server or a proxy may
+// not). Its range is clipped to what the application was not told yet:
+// the part at or below the cursor is dropped (those events were handed,
+// or named by an earlier gap), and so is any part above the highest
+// sequence the server has shown (the hello's or the answer's head, or a
+// later event). A gap with nothing left is not handed at all; a clipped
+// one has MissedFrom raised to cursor+1 and Missed nil. After a gap with a
+// range the cursor moves to its MissedThrough: the events it names are
+// settled (the application reloads a snapshot), so a reconnect does not
+// ask for them, or for the same gap, again, and events inside the range
+// that a server still sends after the gap (a poll of several topics
+// pruned differently may) are dropped as named. The one exception is an
+// unknown_cursor or invalid_cursor gap, which starts another history: it
+// moves the cursor to the head of the log being read, possibly below the
+// cursor, when it comes before any event of its stream or answer, and
+// leaves the cursor where it is when it comes after one.
+//
 // # Messages
 //
 // Run calls the handler on its own goroutine, one Message at a time: an
@@ -49,7 +68,7 @@
 // reload a snapshot, then keep applying the events that follow. After an
 // unknown_cursor or invalid_cursor gap the cursor moves to the head
 // of the log being read (a log restored or replaced), and its events
-// follow.
+// follow; after any other, past the gap's range (see The cursor).
 //
 // The handler holds the stream: nothing more is read until it returns. A
 // slow handler is back-pressure, not a growing buffer: the server may end a
