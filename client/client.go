@@ -206,6 +206,10 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("replayd client: GET %s: %d %s: %s", e.URL, e.StatusCode, http.StatusText(e.StatusCode), e.Body)
 }
 
+// errNoProgress is why a poll answer is backed off from: it should have
+// moved the cursor and did not.
+var errNoProgress = errors.New("replayd client: the poll answer did not move the cursor")
+
 // ErrFrameTooLarge is Run's error for an SSE frame or poll answer larger
 // than the client accepts (maxFrame, maxPollBody): not a replayd server.
 var ErrFrameTooLarge = errors.New("replayd client: frame too large")
@@ -220,6 +224,7 @@ const (
 // attempt is how one connection or poll ended.
 type attempt struct {
 	session bool          // an SSE hello, or a poll answer, arrived: the server is serving us
+	stalled bool          // a poll answer that did not move the cursor when it should have: backed off as a failure
 	wait    time.Duration // the server's retry or Retry-After: the least delay before the next
 	now     bool          // poll again at once (more is owed)
 	noHello bool          // Auto: no hello in helloTimeout
@@ -275,7 +280,7 @@ func (c *Client) Run(ctx context.Context, handle func(Message) error) error {
 			return err
 		}
 		pollNow = a.now
-		if a.session {
+		if a.session && !a.stalled {
 			failures = 0
 		} else {
 			failures++

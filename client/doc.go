@@ -86,7 +86,14 @@
 // silent for Options.IdleTimeout. It waits a delay drawn between 0 and an
 // exponentially growing ceiling (full jitter: MinBackoff, doubling after
 // each attempt that got no hello or poll answer, up to MaxBackoff), never
-// less than the server's retry field or Retry-After.
+// less than the server's retry field or Retry-After. A poll answer that
+// should move the cursor and does not (more owed but no events given, a
+// gap or events at or below the cursor, on every answer: a misbehaving
+// server or proxy) counts as such a failed attempt, so the client backs
+// off instead of polling in a loop; the first answer that moves the cursor
+// resets the backoff. An empty answer to a long poll is not a failure: the
+// next poll follows at once, or after 1 s when the server did not hold
+// the poll.
 //
 // Run returns only when its context ends (with ctx.Err(), promptly and
 // with no goroutine left behind), when the handler returns an error (that

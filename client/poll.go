@@ -118,8 +118,16 @@ func (c *Client) poll(ctx context.Context, handle func(Message) error, now bool)
 	if *ans.Cursor > c.cursor.Load() {
 		c.cursor.Store(*ans.Cursor)
 	}
-	a := attempt{session: true, now: ans.More}
-	if wait > 0 && !ans.More && len(ans.Events) == 0 && ans.Gap == nil && time.Since(start) < time.Second {
+	a := attempt{session: true}
+	switch {
+	case c.cursor.Load() != cursor:
+		a.now = ans.More // progress: more is owed at once
+	case ans.More || ans.Gap != nil || len(ans.Events) > 0:
+		// More owed but none given, a gap or events that moved nothing (a
+		// repeat): a server or proxy answering in a loop is backed off
+		// from as from an error, until an answer moves the cursor again.
+		a.stalled, a.err = true, errNoProgress
+	case wait > 0 && time.Since(start) < time.Second:
 		a.wait = time.Second // a server that does not hold polls is not asked in a loop
 	}
 	return a
