@@ -195,7 +195,9 @@ type Gap struct {
 // StatusError is Run's error for an answer no retry can fix: 400, 401,
 // 403, 404 and any other 4xx but 408 and 429. For 401 and 403, refresh
 // the credentials the Header hook sets and Run again: the client goes on
-// from its cursor.
+// from its cursor. It is also Run's error for 204 No Content, on either
+// transport: a server's way to tell clients to stop reconnecting, which an
+// EventSource obeys too (replayd's server never sends it).
 type StatusError struct {
 	StatusCode int
 	URL        string // the request's, without its query
@@ -203,6 +205,9 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
+	if e.StatusCode == http.StatusNoContent {
+		return fmt.Sprintf("replayd client: GET %s: 204 No Content: the server asks clients to stop reconnecting", e.URL)
+	}
 	return fmt.Sprintf("replayd client: GET %s: %d %s: %s", e.URL, e.StatusCode, http.StatusText(e.StatusCode), e.Body)
 }
 
@@ -347,13 +352,13 @@ func (c *Client) newRequest(ctx context.Context, base string, params url.Values)
 }
 
 // refused turns an answer other than 200 into an attempt: a StatusError to
-// return for the statuses no retry can fix, else a failure to retry after
+// return for 204 and the statuses no retry can fix, else a failure to retry after
 // Retry-After, if any.
 func refused(resp *http.Response) attempt {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	err := &StatusError{StatusCode: resp.StatusCode, URL: bareURL(resp.Request.URL), Body: strings.TrimSpace(string(body))}
 	code := resp.StatusCode
-	if code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
+	if code == http.StatusNoContent || code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
 		return attempt{err: errStop{err}}
 	}
 	return attempt{wait: retryAfter(resp.Header.Get("Retry-After")), err: err}

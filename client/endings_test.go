@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -411,6 +412,37 @@ func TestPollNoProgressBacksOff(t *testing.T) {
 				t.Fatalf("handed %s", got)
 			}
 			t.Logf("%d polls in 1 s of stalled answers", stalled)
+		})
+	}
+}
+
+// 204 No Content is a server's "stop reconnecting", as for an EventSource:
+// Run returns a *StatusError at once, over each transport, after one
+// request (Auto does not fall back to polls).
+func TestNoContentStops(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(string(tr), func(t *testing.T) {
+			s := newScripted(t, func(w http.ResponseWriter, r *http.Request, n int, cursor int64) {
+				w.WriteHeader(http.StatusNoContent)
+			})
+			c := client.New(s.options(tr))
+			errc := make(chan error, 1)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { errc <- c.Run(ctx, newRecorder().handle) }()
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(wiretest.WaitFor):
+				t.Fatalf("Run still running %v after 204s; %d requests", wiretest.WaitFor, len(s.requests()))
+			}
+			var se *client.StatusError
+			if !errors.As(err, &se) || se.StatusCode != http.StatusNoContent || !strings.Contains(err.Error(), "stop reconnecting") {
+				t.Fatalf("Run: %v, want a *StatusError 204 saying to stop reconnecting", err)
+			}
+			if n := len(s.requests()); n != 1 {
+				t.Fatalf("%d requests, want 1", n)
+			}
 		})
 	}
 }
