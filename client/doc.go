@@ -102,8 +102,9 @@
 // no retry can fix: a *StatusError for 400, 401, 403, 404 and the other
 // 4xx, and for 204 No Content, over SSE and polls alike: the answer that
 // tells an EventSource to stop reconnecting for good, which the client
-// obeys too (Auto does not fall back to polls on it). Authentication failures are not retried: a 401 or 403 returns, and
-// the application refreshes its credentials (the Header hook is called on
-// every request, so a token function can) and calls Run again, which goes
-// on from the cursor.
+// obeys too (Auto does not fall back to polls on it). Authentication
+// failures are not retried: a 401 or 403 returns, and the application
+// refreshes its credentials (the Header hook is called on every request,
+// so a token function can) and calls Run again, which goes on from the
+// cursor.
 package client
