@@ -148,7 +148,8 @@ func New(opts Options) *Client {
 
 // Cursor returns the id of the last event the handler accepted (returned
 // nil for), or where the stream moved to without an event: the head, when
-// the client started FromHead and has received no event yet, or the head
+// the client started FromHead and has received no event yet, the end of
+// the range of a gap the handler accepted (MissedThrough), or the head
 // of a log that did not know the cursor (after an unknown_cursor gap). It
 // is FromHead until the first connection when the client started there.
 // Persist it, and pass it back as Options.Cursor to continue where this
@@ -177,7 +178,9 @@ type Event struct {
 // or beyond the server's replay limit, or the log did not know the
 // cursor): the application's state is incomplete, and should be reloaded
 // from a snapshot before it applies the events that follow. Fields the
-// server cannot give are nil. See PROTOCOL.md for each reason.
+// server cannot give are nil. See PROTOCOL.md for each reason. The range
+// is the part of the server's that the application was not told yet (see
+// the package doc, The cursor): never at or below the cursor.
 type Gap struct {
 	// Reason is "replay_limit", "pruned", "unknown_cursor" or
 	// "invalid_cursor".
@@ -192,7 +195,9 @@ type Gap struct {
 // StatusError is Run's error for an answer no retry can fix: 400, 401,
 // 403, 404 and any other 4xx but 408 and 429. For 401 and 403, refresh
 // the credentials the Header hook sets and Run again: the client goes on
-// from its cursor.
+// from its cursor. It is also Run's error for 204 No Content, on either
+// transport: a server's way to tell clients to stop reconnecting, which an
+// EventSource obeys too (replayd's server never sends it).
 type StatusError struct {
 	StatusCode int
 	URL        string // the request's, without its query
@@ -200,8 +205,15 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
+	if e.StatusCode == http.StatusNoContent {
+		return fmt.Sprintf("replayd client: GET %s: 204 No Content: the server asks clients to stop reconnecting", e.URL)
+	}
 	return fmt.Sprintf("replayd client: GET %s: %d %s: %s", e.URL, e.StatusCode, http.StatusText(e.StatusCode), e.Body)
 }
+
+// errNoProgress is why a poll answer is backed off from: it should have
+// moved the cursor and did not.
+var errNoProgress = errors.New("replayd client: the poll answer did not move the cursor")
 
 // ErrFrameTooLarge is Run's error for an SSE frame or poll answer larger
 // than the client accepts (maxFrame, maxPollBody): not a replayd server.
@@ -217,6 +229,7 @@ const (
 // attempt is how one connection or poll ended.
 type attempt struct {
 	session bool          // an SSE hello, or a poll answer, arrived: the server is serving us
+	stalled bool          // a poll answer that did not move the cursor when it should have: backed off as a failure
 	wait    time.Duration // the server's retry or Retry-After: the least delay before the next
 	now     bool          // poll again at once (more is owed)
 	noHello bool          // Auto: no hello in helloTimeout
@@ -272,7 +285,7 @@ func (c *Client) Run(ctx context.Context, handle func(Message) error) error {
 			return err
 		}
 		pollNow = a.now
-		if a.session {
+		if a.session && !a.stalled {
 			failures = 0
 		} else {
 			failures++
@@ -339,13 +352,13 @@ func (c *Client) newRequest(ctx context.Context, base string, params url.Values)
 }
 
 // refused turns an answer other than 200 into an attempt: a StatusError to
-// return for the statuses no retry can fix, else a failure to retry after
+// return for 204 and the statuses no retry can fix, else a failure to retry after
 // Retry-After, if any.
 func refused(resp *http.Response) attempt {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	err := &StatusError{StatusCode: resp.StatusCode, URL: bareURL(resp.Request.URL), Body: strings.TrimSpace(string(body))}
 	code := resp.StatusCode
-	if code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
+	if code == http.StatusNoContent || code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
 		return attempt{err: errStop{err}}
 	}
 	return attempt{wait: retryAfter(resp.Header.Get("Retry-After")), err: err}
@@ -386,6 +399,45 @@ func parseID(b []byte) (n int64, ok bool) {
 		n = n*10 + int64(ch-'0')
 	}
 	return n, len(b) > 0
+}
+
+// Gap reasons that start another history: the cursor moves to the head
+// of the log being read, which may be below it.
+const (
+	reasonUnknownCursor = "unknown_cursor"
+	reasonInvalidCursor = "invalid_cursor"
+)
+
+func isReset(g *Gap) bool {
+	return g.Reason == reasonUnknownCursor || g.Reason == reasonInvalidCursor
+}
+
+// news trims a gap with a range (any reason but unknown_cursor and
+// invalid_cursor) to what the application was not told yet: the part
+// above cursor and, when top (the highest sequence the server has shown:
+// its head, its last event) is known (>= 0), at or below top. It returns
+// nil when nothing is left, and the cursor after the gap: past its range,
+// never below cursor. A gap without a range is handed as it is, the cursor
+// unchanged. A trimmed range no longer has a count.
+func news(g *Gap, cursor, top int64) (_ *Gap, next int64) {
+	if g.MissedThrough == nil {
+		return g, cursor
+	}
+	through := *g.MissedThrough
+	if top >= 0 && through > top {
+		through = top
+	}
+	if through <= cursor || (g.MissedFrom != nil && *g.MissedFrom > through) {
+		return nil, cursor
+	}
+	if through != *g.MissedThrough {
+		g.MissedThrough, g.Missed = &through, nil
+	}
+	if g.MissedFrom != nil && *g.MissedFrom <= cursor {
+		from := cursor + 1
+		g.MissedFrom, g.Missed = &from, nil
+	}
+	return g, through
 }
 
 // accept hands m to handle and, when it accepts it, moves the cursor to

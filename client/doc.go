@@ -40,6 +40,25 @@
 // continue after a restart. Events at or below the cursor are never
 // handed again, whatever the server sends.
 //
+// A gap never moves the cursor backwards either, wherever in a stream or
+// poll answer it comes (replayd's server sends one only right after the
+// hello, or at the head of a poll answer; another server or a proxy may
+// not). Its range is clipped to what the application was not told yet:
+// the part at or below the cursor is dropped (those events were handed,
+// or named by an earlier gap), and so is any part above the highest
+// sequence the server has shown (the hello's or the answer's head, or a
+// later event). A gap with nothing left is not handed at all; a clipped
+// one has MissedFrom raised to cursor+1 and Missed nil. After a gap with a
+// range the cursor moves to its MissedThrough: the events it names are
+// settled (the application reloads a snapshot), so a reconnect does not
+// ask for them, or for the same gap, again, and events inside the range
+// that a server still sends after the gap (a poll of several topics
+// pruned differently may) are dropped as named. The one exception is an
+// unknown_cursor or invalid_cursor gap, which starts another history: it
+// moves the cursor to the head of the log being read, possibly below the
+// cursor, when it comes before any event of its stream or answer, and
+// leaves the cursor where it is when it comes after one.
+//
 // # Messages
 //
 // Run calls the handler on its own goroutine, one Message at a time: an
@@ -49,7 +68,7 @@
 // reload a snapshot, then keep applying the events that follow. After an
 // unknown_cursor or invalid_cursor gap the cursor moves to the head
 // of the log being read (a log restored or replaced), and its events
-// follow.
+// follow; after any other, past the gap's range (see The cursor).
 //
 // The handler holds the stream: nothing more is read until it returns. A
 // slow handler is back-pressure, not a growing buffer: the server may end a
@@ -67,15 +86,25 @@
 // silent for Options.IdleTimeout. It waits a delay drawn between 0 and an
 // exponentially growing ceiling (full jitter: MinBackoff, doubling after
 // each attempt that got no hello or poll answer, up to MaxBackoff), never
-// less than the server's retry field or Retry-After.
+// less than the server's retry field or Retry-After. A poll answer that
+// should move the cursor and does not (more owed but no events given, a
+// gap or events at or below the cursor, on every answer: a misbehaving
+// server or proxy) counts as such a failed attempt, so the client backs
+// off instead of polling in a loop; the first answer that moves the cursor
+// resets the backoff. An empty answer to a long poll is not a failure: the
+// next poll follows at once, or after 1 s when the server did not hold
+// the poll.
 //
 // Run returns only when its context ends (with ctx.Err(), promptly and
 // with no goroutine left behind), when the handler returns an error (that
 // error; the cursor stays before the refused message, so the next Run
 // hands it again), when the Header hook returns an error, or on an answer
 // no retry can fix: a *StatusError for 400, 401, 403, 404 and the other
-// 4xx. Authentication failures are not retried: a 401 or 403 returns, and
-// the application refreshes its credentials (the Header hook is called on
-// every request, so a token function can) and calls Run again, which goes
-// on from the cursor.
+// 4xx, and for 204 No Content, over SSE and polls alike: the answer that
+// tells an EventSource to stop reconnecting for good, which the client
+// obeys too (Auto does not fall back to polls on it). Authentication
+// failures are not retried: a 401 or 403 returns, and the application
+// refreshes its credentials (the Header hook is called on every request,
+// so a token function can) and calls Run again, which goes on from the
+// cursor.
 package client

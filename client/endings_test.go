@@ -2,9 +2,12 @@ package client_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -354,5 +357,92 @@ func TestIdleTimeout(t *testing.T) {
 	r.waitFor(t, evs[2].Sequence)
 	if n := len(l.get("/events")); n != 2 {
 		t.Fatalf("%d connections, want 2: the silent one, then one that a slow handler must not end", n)
+	}
+}
+
+// A poll answer that does not move the cursor (more owed but no events, a
+// gap on every answer, an unknown_cursor gap naming the same cursor) is
+// answered with backoff, as an error is, not re-polled at once; answers
+// that move it again are polled at once.
+func TestPollNoProgressBacksOff(t *testing.T) {
+	for _, tc := range []struct{ name, stall string }{
+		{"more", `{"topics":[],"cursor":5,"head":9,"more":true,"gap":null,"events":[]}`},
+		{"gap", `{"topics":[],"cursor":5,"head":9,"more":false,"gap":{"reason":"pruned","resumedFrom":5,"missedFrom":1,"missedThrough":5,"missed":null,"replayLimit":100},"events":[]}`},
+		{"unknown_cursor", `{"topics":[],"cursor":5,"head":5,"more":false,"gap":{"reason":"unknown_cursor","resumedFrom":5,"missedFrom":null,"missedThrough":null,"missed":null,"replayLimit":100},"events":[]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var progress atomic.Bool
+			var mu sync.Mutex
+			var times []time.Time // of the requests answered with progress
+			s := newScripted(t, func(w http.ResponseWriter, r *http.Request, n int, cursor int64) {
+				if !progress.Load() {
+					fmt.Fprint(w, tc.stall)
+					return
+				}
+				mu.Lock()
+				times = append(times, time.Now())
+				mu.Unlock()
+				if cursor >= 14 {
+					hold(w, r)
+					return
+				}
+				id := max(cursor, 9) + 1
+				fmt.Fprintf(w, `{"topics":[],"cursor":%d,"head":14,"more":%t,"gap":null,"events":[{"id":%d,"type":"message","topic":null,"data":%d}]}`,
+					id, id < 14, id, id)
+			})
+			opts := s.options(client.Poll)
+			opts.Cursor, opts.MinBackoff, opts.MaxBackoff = 5, 50*time.Millisecond, 400*time.Millisecond
+			r := newRecorder()
+			run(t, client.New(opts), r)
+			<-time.After(time.Second) // the window requests are counted in
+			progress.Store(true)
+			stalled := len(s.requests())
+			r.waitFor(t, 14)
+			// Full jitter over 50 ms×2ⁿ, at most 400 ms: about 8 in a
+			// second; with no backoff, thousands.
+			if stalled < 2 || stalled > 25 {
+				t.Fatalf("%d polls in 1 s of answers that do not move the cursor, want 2 to 25", stalled)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if d := times[4].Sub(times[0]); d > 300*time.Millisecond {
+				t.Fatalf("5 answers that move the cursor took %v: still backing off", d)
+			}
+			if got := r.String(); !strings.HasSuffix(got, "10 11 12 13 14") {
+				t.Fatalf("handed %s", got)
+			}
+			t.Logf("%d polls in 1 s of stalled answers", stalled)
+		})
+	}
+}
+
+// 204 No Content is a server's "stop reconnecting", as for an EventSource:
+// Run returns a *StatusError at once, over each transport, after one
+// request (Auto does not fall back to polls).
+func TestNoContentStops(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(string(tr), func(t *testing.T) {
+			s := newScripted(t, func(w http.ResponseWriter, r *http.Request, n int, cursor int64) {
+				w.WriteHeader(http.StatusNoContent)
+			})
+			c := client.New(s.options(tr))
+			errc := make(chan error, 1)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { errc <- c.Run(ctx, newRecorder().handle) }()
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(wiretest.WaitFor):
+				t.Fatalf("Run still running %v after 204s; %d requests", wiretest.WaitFor, len(s.requests()))
+			}
+			var se *client.StatusError
+			if !errors.As(err, &se) || se.StatusCode != http.StatusNoContent || !strings.Contains(err.Error(), "stop reconnecting") {
+				t.Fatalf("Run: %v, want a *StatusError 204 saying to stop reconnecting", err)
+			}
+			if n := len(s.requests()); n != 1 {
+				t.Fatalf("%d requests, want 1", n)
+			}
+		})
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -148,6 +150,132 @@ func TestDropsRepeats(t *testing.T) {
 			}
 			if tr == client.SSE && (string(r.msgs[0].Event.Data) != "{\"a\":\n1}" || r.msgs[1].Event.Type != "heartbeat" || r.msgs[2].Event.Type != "t") {
 				t.Fatalf("events %+v %+v %+v", r.msgs[0].Event, r.msgs[1].Event, r.msgs[2].Event)
+			}
+		})
+	}
+}
+
+// A gap that comes after events (from a server other than replayd, a
+// proxy, a future change) never moves the cursor backwards: the part of
+// its range above the cursor is handed and the cursor moves past it, a
+// range at or below the cursor is dropped, an unknown_cursor gap mid-stream
+// leaves the cursor where it is. Nothing is handed twice, over SSE and
+// polls, across the reconnect that follows.
+func TestGapNeverMovesCursorBack(t *testing.T) {
+	const (
+		late  = `{"reason":"pruned","resumedFrom":5,"missedFrom":6,"missedThrough":12,"missed":null,"replayLimit":100}`
+		stale = `{"reason":"pruned","resumedFrom":5,"missedFrom":6,"missedThrough":8,"missed":null,"replayLimit":100}`
+		reset = `{"reason":"unknown_cursor","resumedFrom":5,"missedFrom":null,"missedThrough":null,"missed":null,"replayLimit":100}`
+	)
+	log := []int64{10, 13} // the server's events; the client starts at 5
+	cases := []struct {
+		name, gap string
+		want      string  // what the handler is handed
+		cursors   []int64 // Cursor, read in the handler at each message
+		resumed   int64   // the cursor the reconnect carries
+	}{
+		{"late", late, "3 messages: 10 gap(pruned 11-12) 13", []int64{5, 10, 12}, 12},
+		{"stale", stale, "2 messages: 10 13", []int64{5, 10}, 10},
+		{"reset", reset, "3 messages: 10 gap(unknown_cursor <nil>-<nil>) 13", []int64{5, 10, 10}, 10},
+	}
+	for _, tr := range []client.Transport{client.SSE, client.Poll} {
+		for _, tc := range cases {
+			if tr == client.Poll && tc.name == "reset" {
+				continue // a poll's unknown_cursor answer names the head of another history: the cursor goes there
+			}
+			t.Run(string(tr)+"/"+tc.name, func(t *testing.T) {
+				s := newScripted(t, func(w http.ResponseWriter, r *http.Request, n int, cursor int64) {
+					if tr == client.Poll {
+						switch {
+						case n == 1:
+							fmt.Fprint(w, `{"topics":[],"cursor":10,"head":13,"more":false,"gap":null,"events":[{"id":10,"type":"message","topic":null,"data":10}]}`)
+						case n == 2:
+							// The gap after event 10, with a cursor below
+							// the request's.
+							fmt.Fprintf(w, `{"topics":[],"cursor":3,"head":13,"more":false,"gap":%s,"events":[]}`, tc.gap)
+						case cursor >= 13:
+							hold(w, r)
+						default:
+							var evs []string
+							for _, id := range log {
+								if id > cursor {
+									evs = append(evs, fmt.Sprintf(`{"id":%d,"type":"message","topic":null,"data":%d}`, id, id))
+								}
+							}
+							fmt.Fprintf(w, `{"topics":[],"cursor":13,"head":13,"more":false,"gap":null,"events":[%s]}`, strings.Join(evs, ","))
+						}
+						return
+					}
+					fmt.Fprintf(w, "id: %d\nevent: hello\ndata: {\"cursor\":%d,\"head\":13}\n\n", cursor, cursor)
+					for _, id := range log {
+						if id > cursor {
+							fmt.Fprintf(w, "id: %d\ndata: %d\n\n", id, id)
+						}
+						if n == 1 {
+							fmt.Fprintf(w, "event: gap\ndata: %s\n\n", tc.gap)
+							return // and the connection ends
+						}
+					}
+					hold(w, r)
+				})
+				opts := s.options(tr)
+				opts.Cursor = 5
+				c := client.New(opts)
+				r := newRecorder()
+				var cursors []int64
+				r.refuse = func(client.Message) error {
+					cursors = append(cursors, c.Cursor())
+					return nil
+				}
+				run(t, c, r)
+				r.waitFor(t, 13)
+				r.mu.Lock()
+				seen := slices.Clone(cursors)
+				r.mu.Unlock()
+				if got := r.String(); got != tc.want || !slices.Equal(seen, tc.cursors) {
+					t.Fatalf("handed %q with Cursor %v; want %q with %v", got, seen, tc.want, tc.cursors)
+				}
+				i := 1 // the request after the gap
+				if tr == client.Poll {
+					i = 2
+				}
+				if got := s.requests(); len(got) <= i || got[i] != tc.resumed {
+					t.Fatalf("requests carried cursors %v, want request %d at %d", got, i+1, tc.resumed)
+				}
+				// The cursor moves once the handler has returned.
+				wiretest.WaitUntil(t, "the cursor at 13", func() bool { return c.Cursor() == 13 })
+			})
+		}
+	}
+}
+
+// A topic pruned whole, nothing of it left: the pruned gap is handed once
+// and the client waits for the next event (over polls the cursor moves
+// past the range, so the next poll is held instead of answered with the
+// same gap again).
+func TestPrunedGapOnce(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(string(tr), func(t *testing.T) {
+			s := newServer(t, replayd.Options{})
+			old := s.publish(5, "a")
+			s.publish(5, "b")
+			if _, err := s.hub.Load().Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 5}); err != nil {
+				t.Fatal(err)
+			}
+			var l requestLog
+			s.setWrap(l.wrap)
+			c := client.New(s.options(tr, "a"))
+			r := newRecorder()
+			run(t, c, r)
+			r.waitFor(t, old[4].Sequence)
+			fresh := s.publish(1, "a")
+			r.waitFor(t, fresh[0].Sequence)
+			want := fmt.Sprintf("2 messages: gap(pruned 1-%d) %d", old[4].Sequence, fresh[0].Sequence)
+			if got := r.String(); got != want {
+				t.Fatalf("got %q, want %q", got, want)
+			}
+			if n := len(l.get("/poll")); n > 3 {
+				t.Fatalf("%d polls for one gap and one event", n)
 			}
 		})
 	}

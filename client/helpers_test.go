@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -399,4 +400,66 @@ func (p *proxy) accept() {
 			}
 		}()
 	}
+}
+
+// scripted is a server that misbehaves exactly as a test writes it: answer
+// writes the answer to each request, given its number (from 1) and the
+// cursor it carries (Last-Event-ID, or the poll's cursor parameter; -1:
+// none). hold keeps a request open until the client goes away.
+type scripted struct {
+	srv *httptest.Server
+
+	mu      sync.Mutex // guards cursors
+	cursors []int64    // each request's cursor, in order of arrival
+}
+
+func newScripted(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, n int, cursor int64)) *scripted {
+	t.Helper()
+	s := &scripted{}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cursor := int64(-1)
+		v := r.Header.Get("Last-Event-ID")
+		if r.URL.Path == "/poll" {
+			v = r.URL.Query().Get("cursor")
+		}
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			cursor = n
+		}
+		s.mu.Lock()
+		s.cursors = append(s.cursors, cursor)
+		n := len(s.cursors)
+		s.mu.Unlock()
+		switch r.URL.Path {
+		case "/poll":
+			w.Header().Set("Content-Type", "application/json")
+		default:
+			w.Header().Set("Content-Type", "text/event-stream")
+		}
+		answer(w, r, n, cursor)
+	}))
+	t.Cleanup(func() {
+		s.srv.CloseClientConnections()
+		s.srv.Close()
+	})
+	return s
+}
+
+func (s *scripted) options(transport client.Transport) client.Options {
+	return client.Options{
+		SSE: s.srv.URL + "/events", Poll: s.srv.URL + "/poll", Transport: transport,
+		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, PollWait: 2 * time.Second,
+	}
+}
+
+// requests returns the cursor of each request so far.
+func (s *scripted) requests() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.cursors)
+}
+
+// hold keeps the request open, its headers sent, until the client goes away.
+func hold(w http.ResponseWriter, r *http.Request) {
+	http.NewResponseController(w).Flush()
+	<-r.Context().Done()
 }

@@ -14,6 +14,7 @@ import (
 // pollAnswer is a poll's answer (PROTOCOL.md, "The poll transport").
 type pollAnswer struct {
 	Cursor *int64 `json:"cursor"`
+	Head   *int64 `json:"head"`
 	More   bool   `json:"more"`
 	Gap    *Gap   `json:"gap"`
 	Events []struct {
@@ -74,14 +75,29 @@ func (c *Client) poll(ctx context.Context, handle func(Message) error, now bool)
 	if err := json.Unmarshal(body, &ans); err != nil || ans.Cursor == nil {
 		return attempt{err: fmt.Errorf("replayd client: GET %s: not a poll answer: %.100q", bareURL(req.URL), body)}
 	}
-	if ans.Gap != nil {
-		// A gap with no events moves the cursor to the answer's: the head
-		// of a log that did not know the cursor (unknown_cursor).
+	if g := ans.Gap; g != nil {
+		// A gap with a range moves the cursor past it, and only its part
+		// above the cursor is news. An unknown_cursor or invalid_cursor
+		// gap with no events moves it to the answer's cursor: the head of
+		// the log being read, which may be below it.
 		next := cursor
-		if len(ans.Events) == 0 {
-			next = *ans.Cursor
+		if isReset(g) {
+			if len(ans.Events) == 0 {
+				next = *ans.Cursor
+			}
+		} else {
+			top := int64(-1)
+			if ans.Head != nil {
+				top = *ans.Head
+				for _, e := range ans.Events {
+					top = max(top, e.ID)
+				}
+			}
+			g, next = news(g, cursor, top)
 		}
-		if err := c.accept(handle, Message{Gap: ans.Gap}, next); err != nil {
+		if g == nil {
+			c.log.Debug("replayd client: a gap at or below the cursor dropped", "cursor", cursor, "gap", ans.Gap)
+		} else if err := c.accept(handle, Message{Gap: g}, next); err != nil {
 			return attempt{err: err}
 		}
 	}
@@ -102,8 +118,16 @@ func (c *Client) poll(ctx context.Context, handle func(Message) error, now bool)
 	if *ans.Cursor > c.cursor.Load() {
 		c.cursor.Store(*ans.Cursor)
 	}
-	a := attempt{session: true, now: ans.More}
-	if wait > 0 && !ans.More && len(ans.Events) == 0 && ans.Gap == nil && time.Since(start) < time.Second {
+	a := attempt{session: true}
+	switch {
+	case c.cursor.Load() != cursor:
+		a.now = ans.More // progress: more is owed at once
+	case ans.More || ans.Gap != nil || len(ans.Events) > 0:
+		// More owed but none given, a gap or events that moved nothing (a
+		// repeat): a server or proxy answering in a loop is backed off
+		// from as from an error, until an answer moves the cursor again.
+		a.stalled, a.err = true, errNoProgress
+	case wait > 0 && time.Since(start) < time.Second:
 		a.wait = time.Second // a server that does not hold polls is not asked in a loop
 	}
 	return a

@@ -103,6 +103,8 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 	var (
 		hello     bool  // the hello arrived
 		resumed   int64 // the hello's cursor
+		top       int64 // the hello's head, raised by the events since; -1: unknown
+		handed    bool  // an event was handed since the hello
 		lastType  string
 		gapType   = []byte(c.opts.GapType)
 		helloType = []byte("hello")
@@ -133,12 +135,16 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 			}
 			var d struct {
 				Cursor *int64 `json:"cursor"`
+				Head   *int64 `json:"head"`
 			}
 			if !bytes.Equal(f.Event, helloType) || json.Unmarshal(f.Data, &d) != nil || d.Cursor == nil {
 				a.err = fmt.Errorf("replayd client: the stream did not start with a hello: %q", f.Event)
 				return a
 			}
-			hello, a.session, resumed = true, true, *d.Cursor
+			hello, a.session, resumed, top = true, true, *d.Cursor, -1
+			if d.Head != nil {
+				top = *d.Head
+			}
 			c.log.Debug("replayd client: stream open", "cursor", resumed, "hello", string(f.Data))
 			if helloTimer != nil {
 				helloTimer.Stop()
@@ -156,12 +162,23 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 					a.err = fmt.Errorf("replayd client: gap %q: %w", f.Data, err)
 					return a
 				}
-				// The stream goes on from the hello's cursor: the client's
-				// own after replay_limit and pruned, the head after
-				// unknown_cursor and invalid_cursor, which may be above
-				// the client's cursor (one inside a range the log skipped
-				// when it was opened) or below it (one above the head).
-				next := resumed
+				// A gap with a range moves the cursor past it, and only
+				// its part above the cursor is news. An unknown_cursor or
+				// invalid_cursor gap right after the hello moves it to the
+				// hello's cursor, the head of the log being read, which
+				// may be above the client's cursor (one inside a range the
+				// log skipped when it was opened) or below it (one above
+				// the head); after an event it leaves the cursor there.
+				cursor := c.cursor.Load()
+				next := cursor
+				if isReset(g) {
+					if !handed {
+						next = resumed
+					}
+				} else if g, next = news(g, cursor, top); g == nil {
+					c.log.Debug("replayd client: a gap at or below the cursor dropped", "cursor", cursor, "gap", string(f.Data))
+					continue
+				}
 				body.busy.Store(true)
 				err := c.accept(handle, Message{Gap: g}, next)
 				body.busy.Store(false)
@@ -173,6 +190,9 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 			// heartbeats, and frames replayd does not send, are skipped
 		default:
 			id, ok := parseID(f.ID)
+			if ok && top >= 0 {
+				top = max(top, id)
+			}
 			if !ok || id <= c.cursor.Load() {
 				continue // at most once: this one was handed already
 			}
@@ -191,6 +211,7 @@ func (c *Client) read(body *activityReader, handle func(Message) error, helloTim
 				a.err = err
 				return a
 			}
+			handed = true
 		}
 	}
 }
