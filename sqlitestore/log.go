@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/replayd/replayd/storage"
 )
@@ -46,6 +47,11 @@ type Store struct {
 	writeMu sync.Mutex
 	writer  *logWriter // Append's connection
 	closed  bool
+
+	// issued is the highest sequence this store knows its log issued: its
+	// appends' and every head it read. A head below it means the log was
+	// replaced under the store (see guardHead).
+	issued atomic.Int64
 
 	// testHookHandshake, if set, runs inside readHandshake's read
 	// transaction, holding its pooled connection.

@@ -133,6 +133,7 @@ func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.Appe
 				continue
 			}
 			res[i] = storage.AppendResult{Event: one[0], Duplicate: d[0]}
+			l.saw(one[0].Sequence)
 		}
 		return res, nil
 	default:
@@ -145,6 +146,7 @@ func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.Appe
 	}
 	for i := range batch {
 		res[i] = storage.AppendResult{Event: batch[i], Duplicate: dup[i]}
+		l.saw(batch[i].Sequence)
 	}
 	return res, nil
 }
@@ -187,6 +189,7 @@ func (l *Store) Head(ctx context.Context) (int64, error) {
 	if !prepared {
 		l.stmts.prepare(ctx, l.db, []string{qHead}) // now that the connection is back
 	}
+	l.saw(head)
 	return head, nil
 }
 
@@ -215,6 +218,7 @@ func (l *Store) Read(ctx context.Context, req storage.ReadRequest) (p storage.Pa
 	if !prepared {
 		l.stmts.prepare(ctx, l.db, []string{query}) // now that the connection is back
 	}
+	l.saw(p.Head)
 	return p, nil
 }
 
@@ -259,6 +263,7 @@ func (l *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 	if err != nil {
 		return storage.Window{}, err
 	}
+	l.saw(hs.Head)
 	if cursor >= hs.Head || hs.Foreign {
 		return storage.Window{Head: hs.Head, Foreign: hs.Foreign}, nil
 	}

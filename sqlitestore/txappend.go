@@ -53,7 +53,7 @@ const qInsertTx = `INSERT INTO events (event_id, type, topic, payload, created_a
 // txQueries are the statements AppendTx and BeginTx run. Open prepares
 // them on the *sql.DB, so that they are reused on the transaction's
 // connection (Tx.StmtContext) without needing a second connection.
-var txQueries = []string{qInsertTx, qByEventID, qTakeWriteLock}
+var txQueries = []string{qInsertTx, qByEventID, qTakeWriteLock, qHead}
 
 // prepareTx prepares txQueries (errors are left to AppendTx, which then
 // prepares on the transaction).
@@ -61,8 +61,9 @@ func (l *Store) prepareTx(ctx context.Context) { l.stmts.prepare(ctx, l.db, txQu
 
 // BeginTx begins a transaction on the store's database and takes SQLite's
 // write lock in it at once, waiting for another writer within the busy
-// timeout (see OpenDB). The application writes its own rows in it, appends
-// events with AppendTx, and commits or rolls back. Until then every other
+// timeout (see OpenDB); if the log was replaced under the store, it raises
+// the sequence floor in it (see guardHead). The application writes its own
+// rows in it, appends events with AppendTx, and commits or rolls back. Until then every other
 // write to the file waits, this store's appends included: keep it short,
 // and never wait in it for a Publish of a hub over this store (that publish
 // waits for the transaction).
@@ -83,6 +84,20 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 	if err != nil {
 		tx.Rollback()
 		return nil, fmt.Errorf("take the write lock: %w", err)
+	}
+	// A log replaced under the store: the floor first (see guardHead).
+	// (AppendTx does not count its sequences as issued: tx may roll back.)
+	head, err := l.txStmt(ctx, tx, qHead)
+	if err == nil {
+		var seq int64
+		if err = head.QueryRowContext(ctx).Scan(&seq); err == nil {
+			_, err = l.guardHead(ctx, tx, seq)
+		}
+		head.Close()
+	}
+	if err != nil {
+		tx.Rollback()
+		return nil, fmt.Errorf("read the head: %w", err)
 	}
 	return tx, nil
 }
