@@ -64,9 +64,11 @@ const (
 	// error), so they cannot be delivered in order.
 	GapUnreadable = "unreadable"
 	// GapUnknownCursor: the log was reset or replaced from outside (a new
-	// database file, or every row deleted and the sequence reset), so the
-	// head fell below the live position. Sequences start again: events
-	// after this gap have lower sequences than those before it.
+	// database file, every row deleted and the sequence reset, a backup
+	// restored in place), so the head fell below the live position, or the
+	// live position is a sequence the log says it never issued. Events
+	// after this gap are of another history: their sequences may be lower
+	// than those before it.
 	GapUnknownCursor = "unknown_cursor"
 )
 
@@ -432,6 +434,15 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 	}
 	h.live.mu.Lock()
 	defer h.live.mu.Unlock()
+	if page.Foreign {
+		// The live position is a sequence the log never issued: it was
+		// replaced under the hub (restored in place from a backup, say)
+		// and its head raised past the lost history (the sequence floor),
+		// which the rows above belong to no more. As for a head below the
+		// position: every stream ends and resumes with unknown_cursor.
+		h.logReset(page.Head, min(through, page.Head))
+		return 0, nil
+	}
 	if mark := page.Watermark; mark > from {
 		// Rows above the live position were pruned before they were
 		// delivered. Every row up to mark is gone, so the hole ends there,
@@ -456,8 +467,10 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 	return len(page.Events), nil
 }
 
-// logReset handles a head below the live position: the log was reset or
-// replaced from outside, and its sequences start again. Like a cursor above
+// logReset handles a head below the live position, or a live position the
+// log finds foreign: the log was reset or replaced from outside, and its
+// sequences start again (or, raised by the sequence floor, go on above the
+// lost history's). Like a cursor above
 // the head (an unknown_cursor gap), every stream ends, so its client
 // reconnects, is told by an unknown_cursor gap and goes on from the new head;
 // gap subscribers are told the same; the live position moves down to
