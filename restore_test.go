@@ -1,7 +1,9 @@
 package replayd_test
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/hubtest"
+	"modernc.org/sqlite"
 )
 
 // Log identity on SQLite, as an operator restores a log after a disk loss
@@ -60,6 +63,120 @@ func TestRestoreFromBackup(t *testing.T) {
 			},
 		})
 	})
+}
+
+// Log identity on SQLite when the log is restored in place, under its
+// running hub (hubtest.CheckRestore with Restore returning the same hub):
+// the backup taken with VACUUM INTO, then copied over the live file through
+// SQLite's online-backup API (what sqlite3's ".restore" does), or its rows
+// copied back over the live tables with ATTACH. Either goes through
+// SQLite's locks on a connection of its own, as another process would,
+// while the hub keeps its connections open on the file.
+func TestRestoreInPlace(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		restore func(t *testing.T, orig, backup string)
+	}{
+		{"BackupAPI", restoreThroughBackupAPI},
+		{"RowsCopiedBack", restoreRowsCopiedBack},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			orig, backup := filepath.Join(t.TempDir(), "log.db"), filepath.Join(t.TempDir(), "backup.db")
+			hubtest.CheckRestore(t, hubtest.Restore{
+				Open: func() *replayd.EventHub { return openHub(t, orig, replayd.Options{}) },
+				Backup: func(h *replayd.EventHub) *replayd.EventHub {
+					vacuumInto(t, orig, backup)
+					return h
+				},
+				Restore: func(h *replayd.EventHub) *replayd.EventHub {
+					tc.restore(t, orig, backup)
+					return h
+				},
+			})
+		})
+	}
+}
+
+// vacuumInto writes a consistent copy of the log at path to backup.
+func vacuumInto(t *testing.T, path, backup string) {
+	t.Helper()
+	db, err := replayd.OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`VACUUM INTO ?`, backup); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// restoreThroughBackupAPI copies backup over the database at path, in
+// place, with SQLite's online-backup API on a connection of its own.
+func restoreThroughBackupAPI(t *testing.T, path, backup string) {
+	t.Helper()
+	db, err := replayd.OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	err = conn.Raw(func(dc any) error {
+		r, ok := dc.(interface {
+			NewRestore(string) (*sqlite.Backup, error)
+		})
+		if !ok {
+			return errors.New("the driver's connection has no NewRestore")
+		}
+		b, err := r.NewRestore(backup)
+		if err != nil {
+			return err
+		}
+		for more := true; more; { // Step(-1) copies every page at once
+			if more, err = b.Step(-1); err != nil {
+				b.Finish()
+				return err
+			}
+		}
+		return b.Finish()
+	})
+	if err != nil {
+		t.Fatalf("restore %s over %s: %v", backup, path, err)
+	}
+}
+
+// restoreRowsCopiedBack replaces every table of the log at path with
+// backup's, sqlite_sequence's row included, in one transaction.
+func restoreRowsCopiedBack(t *testing.T, path, backup string) {
+	t.Helper()
+	db, err := replayd.OpenDB(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+	if _, err := conn.ExecContext(ctx, `ATTACH DATABASE ? AS backup`, backup); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE;
+		DELETE FROM main.events; INSERT INTO main.events SELECT * FROM backup.events;
+		DELETE FROM main.events_prune_watermarks; INSERT INTO main.events_prune_watermarks SELECT * FROM backup.events_prune_watermarks;
+		DELETE FROM main.events_skips; INSERT INTO main.events_skips SELECT * FROM backup.events_skips;
+		UPDATE main.sqlite_sequence SET seq = (SELECT seq FROM backup.sqlite_sequence WHERE name = 'events') WHERE name = 'events';
+		COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, `DETACH DATABASE backup`); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // openHubDB is openHub, returning the pool too, so that a test can stop
