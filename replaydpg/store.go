@@ -26,6 +26,12 @@
 // head row and the server's clock is not above the highest sequence found:
 // sequences above it may have been issued, and nothing tells which.
 // EnsureSchema makes the same repair, and raises the floor only after one.
+// A log restored into the live tables under a running Store (emptied, then
+// pg_restore --data-only) is caught by the append itself: under the head
+// row's lock, a head below the highest sequence the Store knows was issued
+// (its appends, the heads it read or was notified of) is raised to the
+// clock, the skipped range recorded, before the rows take sequences (see
+// floorGuard in sql.go).
 //
 // Decisions beyond the Store contract:
 //   - created_at is the server's clock_timestamp() taken under the head lock,

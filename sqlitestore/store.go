@@ -19,7 +19,8 @@ var ErrClosed = errors.New("replayd: the store is closed")
 // Options configure a SQLite store.
 type Options struct {
 	// Logger, if not nil, is told of a clock behind the log's head (see the
-	// sequence floor in package storage) and, at Error, of a database file
+	// sequence floor in package storage), of a log replaced in place under
+	// the store (its head raised), and, at Error, of a database file
 	// deleted or replaced under the store.
 	Logger *slog.Logger
 }
@@ -35,6 +36,12 @@ type Options struct {
 // Writes after Close fail with [ErrClosed]; reads keep working while db is
 // open. Several stores, in one process or several, may share one database
 // file.
+//
+// A backup restored into the open file (sqlite3's ".restore", SQLite's
+// online-backup API) keeps working: the store's next append finds the head
+// below what it knows was issued, raises the floor before its rows take
+// sequences, and logs it at Warn (see guardHead in floor.go, and
+// docs/restore.md).
 func Open(db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("replayd: nil *sql.DB")
