@@ -52,6 +52,8 @@ type Store struct {
 	// appends' and every head it read. A head below it means the log was
 	// replaced under the store (see guardHead).
 	issued atomic.Int64
+	// guarded is the transaction whose head guardTx checked last.
+	guarded atomic.Pointer[sql.Tx]
 
 	// testHookHandshake, if set, runs inside readHandshake's read
 	// transaction, holding its pooled connection.

@@ -85,8 +85,23 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 		tx.Rollback()
 		return nil, fmt.Errorf("take the write lock: %w", err)
 	}
-	// A log replaced under the store: the floor first (see guardHead).
-	// (AppendTx does not count its sequences as issued: tx may roll back.)
+	if err := l.guardTx(ctx, tx); err != nil {
+		tx.Rollback()
+		return nil, err
+	}
+	return tx, nil
+}
+
+// guardTx raises the sequence floor in tx if the log was replaced under
+// the store (see guardHead), once per transaction: within one, the head
+// cannot go back (a transaction that read a snapshot another connection
+// then wrote over cannot write). The transaction last guarded is kept, so
+// its address cannot be reused by another. AppendTx does not count its
+// sequences as issued: tx may roll back.
+func (l *Store) guardTx(ctx context.Context, tx *sql.Tx) error {
+	if l.guarded.Load() == tx {
+		return nil
+	}
 	head, err := l.txStmt(ctx, tx, qHead)
 	if err == nil {
 		var seq int64
@@ -96,10 +111,10 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 		head.Close()
 	}
 	if err != nil {
-		tx.Rollback()
-		return nil, fmt.Errorf("read the head: %w", err)
+		return fmt.Errorf("replayd: check the log's head: %w", err)
 	}
-	return tx, nil
+	l.guarded.Store(tx)
+	return nil
 }
 
 // AppendTx inserts evs into the log inside tx, a transaction on the
@@ -116,11 +131,16 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 // row before using them (see insertRows). An error leaves the rows of evs
 // inserted before the failing one in tx: roll it back (a single event's
 // failed insert leaves tx as it was). It never commits nor rolls back tx.
+// Its first call in a transaction not begun by BeginTx reads the head
+// first, and raises the floor if the log was replaced under the store.
 func (l *Store) AppendTx(ctx context.Context, tx *sql.Tx, evs []storage.Event) ([]storage.AppendResult, error) {
 	if tx == nil {
 		return nil, fmt.Errorf("replayd: append in a transaction: nil *sql.Tx")
 	}
 	if err := l.checkFile(false); err != nil {
+		return nil, err
+	}
+	if err := l.guardTx(ctx, tx); err != nil {
 		return nil, err
 	}
 	insert, err := l.txStmt(ctx, tx, qInsertTx)
