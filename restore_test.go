@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/hubtest"
+	"github.com/replayd/replayd/internal/wiretest"
 	"modernc.org/sqlite"
 )
 
@@ -94,6 +96,89 @@ func TestRestoreInPlace(t *testing.T) {
 				},
 			})
 		})
+	}
+}
+
+// A log restored in place under several stores: each one that knows the
+// lost history (one published it, another opened the log after it) never
+// reissues its sequences, whichever way it publishes: Publish, InTx, or
+// PublishTx in a transaction the application began itself.
+func TestRestoreInPlaceEveryWriter(t *testing.T) {
+	orig, backup := filepath.Join(t.TempDir(), "log.db"), filepath.Join(t.TempDir(), "backup.db")
+	a := openHub(t, orig, replayd.Options{})
+	publish := func(h *replayd.EventHub, what string) int64 {
+		t.Helper()
+		ev, err := h.Publish(t.Context(), "", what)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev.Sequence
+	}
+	publish(a, "kept")
+	vacuumInto(t, orig, backup)
+	var lost []int64
+	for range 5 {
+		lost = append(lost, publish(a, "lost"))
+	}
+	highest := lost[4]
+	db, err := replayd.OpenDB(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	b, err := replayd.New(db, replayd.Options{}) // opened after the lost history: its floor is above it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	if highest, err = b.LatestSequence(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	url := wiretest.ServePoll(t, a)
+
+	for _, w := range []struct {
+		name    string
+		publish func() int64
+	}{
+		{"Publish on the store that published the lost history", func() int64 { return publish(a, "new") }},
+		{"Publish on a store opened after it", func() int64 { return publish(b, "new") }},
+		{"InTx", func() int64 {
+			var seq int64
+			err := b.InTx(t.Context(), func(tx *sql.Tx) error {
+				ev, err := b.PublishTx(t.Context(), tx, "", "new")
+				seq = ev.Sequence
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return seq
+		}},
+		{"PublishTx in the application's transaction", func() int64 {
+			tx, err := db.BeginTx(t.Context(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			ev, err := b.PublishTx(t.Context(), tx, "", "new")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			return ev.Sequence
+		}},
+	} {
+		restoreThroughBackupAPI(t, orig, backup)
+		if seq := w.publish(); seq <= highest {
+			t.Fatalf("%s after a restore in place: sequence %d, at or below %d, which the log had issued", w.name, seq, highest)
+		} else {
+			highest = seq
+		}
+		if p := wiretest.Poll(t, url, fmt.Sprintf("cursor=%d", lost[4])); p.Gap == nil || p.Gap.Reason != "unknown_cursor" || len(p.Events) != 0 {
+			t.Fatalf("%s: polling from the lost history's %d: %+v, want an unknown_cursor gap", w.name, lost[4], p)
+		}
 	}
 }
 
