@@ -265,18 +265,16 @@ func (w *logWriter) readLastRow() (lastRow, error) {
 		}
 	}
 	sctx := context.Background() // under the write lock (see append)
-	var head int64
-	if err := w.head.QueryRowContext(sctx).Scan(&head); err != nil {
-		return lastRow{}, err
-	}
-	if _, err := w.store.guardHead(sctx, w.conn, head); err != nil {
-		return lastRow{}, err
-	}
 	var r lastRow
-	err := w.lastRow.QueryRowContext(sctx).Scan(&r.seq, &r.createdAt, &r.ord)
-	if errors.Is(err, sql.ErrNoRows) {
-		return lastRow{empty: true}, nil
+	var head int64
+	err := w.lastRow.QueryRowContext(sctx).Scan(&r.seq, &r.createdAt, &r.ord, &head)
+	if errors.Is(err, sql.ErrNoRows) { // no row: the head alone
+		r, err = lastRow{empty: true}, w.head.QueryRowContext(sctx).Scan(&head)
 	}
+	if err != nil {
+		return lastRow{}, err
+	}
+	_, err = w.store.guardHead(sctx, w.conn, head)
 	return r, err
 }
 

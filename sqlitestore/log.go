@@ -11,7 +11,8 @@ import (
 
 // Writes.
 const (
-	qLastRow          = `SELECT sequence, created_at, ordinal FROM events ORDER BY sequence DESC LIMIT 1`
+	// qLastRow: the newest row, and the head (for guardHead).
+	qLastRow          = `SELECT sequence, created_at, ordinal, (` + qHead + `) FROM events ORDER BY sequence DESC LIMIT 1`
 	qLastTopicOrdinal = `SELECT topic_ordinal FROM events WHERE topic = ? ORDER BY sequence DESC LIMIT 1`
 	qLastBroadcastOrd = `SELECT topic_ordinal FROM events WHERE topic IS NULL ORDER BY sequence DESC LIMIT 1`
 	qInsert           = `INSERT INTO events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)
