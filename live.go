@@ -356,7 +356,9 @@ func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newe
 			h.logger.Error("replayd: cannot read the head to tell a reset log from rows already delivered",
 				"after", after, "livePosition", h.live.pos, "err", err)
 		case head < h.live.pos:
-			h.logReset(head, min(after, head))
+			h.logger.Warn("replayd: the log's head is below the live position: the log was reset or replaced; reconnecting streams",
+				"head", head, "livePosition", h.live.pos)
+			h.logReset(min(after, head))
 		}
 		h.live.mu.Unlock()
 	}
@@ -440,7 +442,9 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 		// and its head raised past the lost history (the sequence floor),
 		// which the rows above belong to no more. As for a head below the
 		// position: every stream ends and resumes with unknown_cursor.
-		h.logReset(page.Head, min(through, page.Head))
+		h.logger.Warn("replayd: the live position is a sequence the log never issued: the log was replaced; reconnecting streams",
+			"head", page.Head, "livePosition", from)
+		h.logReset(min(through, page.Head))
 		return 0, nil
 	}
 	if mark := page.Watermark; mark > from {
@@ -470,15 +474,13 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 // logReset handles a head below the live position, or a live position the
 // log finds foreign: the log was reset or replaced from outside, and its
 // sequences start again (or, raised by the sequence floor, go on above the
-// lost history's). Like a cursor above
-// the head (an unknown_cursor gap), every stream ends, so its client
-// reconnects, is told by an unknown_cursor gap and goes on from the new head;
-// gap subscribers are told the same; the live position moves down to
-// through, above which rows are delivered again. The caller holds
-// h.live.catchMu and h.live.mu.
-func (h *EventHub) logReset(head, through int64) {
-	h.logger.Warn("replayd: the log's head is below the live position: the log was reset or replaced; reconnecting streams",
-		"head", head, "livePosition", h.live.pos)
+// lost history's). Like a cursor above the head (an unknown_cursor gap),
+// every stream ends, so its client reconnects, is told by an
+// unknown_cursor gap and goes on from the new head; gap subscribers are
+// told the same; the live position moves to through, above which rows are
+// delivered again. The caller holds h.live.catchMu and h.live.mu, and has
+// logged why.
+func (h *EventHub) logReset(through int64) {
 	h.resync()
 	h.live.pollWin.reset()
 	h.live.gap(Gap{Reason: GapUnknownCursor, After: h.live.pos, From: 1, Through: through})

@@ -139,14 +139,14 @@ const (
 	// store (its tables restored in place, with pg_restore --data-only,
 	// say): the head never goes backwards otherwise. guard is then one row:
 	// the head, and the floor it is raised to, the server's clock in Unix
-	// microseconds or $6 if the clock is behind it; guard_skip records the
+	// microseconds or $6+1 if the clock is behind it; guard_skip records the
 	// range skipped, and the statement's rows go above the floor. The lost
 	// history's sequences fall inside the range, where cursors are foreign,
 	// and none is issued twice. The statement's snapshot sees the head as
 	// qLock locked it. When nothing was replaced it costs one index probe
 	// of the one-row head table.
 	floorGuard = `guard AS (
-		SELECT h0.seq AS old, greatest((extract(epoch FROM clock_timestamp()) * 1000000)::bigint, $6::bigint) AS floor
+		SELECT h0.seq AS old, greatest((extract(epoch FROM clock_timestamp()) * 1000000)::bigint, $6::bigint + 1) AS floor
 		FROM %[1]shead h0 WHERE h0.id = 1 AND h0.seq < $6::bigint
 	), guard_skip AS (
 		INSERT INTO %[1]sskips (after, through) SELECT guard.old, guard.floor FROM guard

@@ -106,12 +106,13 @@ func skipTo(ctx context.Context, c execer, head, to int64) error {
 // another connection since its last look, reads the head: a head below
 // issued can only be a log replaced (the head never goes backwards
 // otherwise). It then raises the floor in that same transaction, before
-// its rows take sequences: to the clock, or to issued if the clock is
-// behind it, as an open would. The lost history's sequences fall inside
-// the range skipped, where cursors are foreign, and no sequence is issued
-// twice. A store knows what it appended and read: another process's
-// sequences it never read are covered by the clock (see the floor's
-// limits).
+// its rows take sequences: to the clock, as an open would, or just above
+// issued if the clock is behind it. The lost history's sequences fall
+// inside the range skipped, where cursors are foreign, and no sequence is
+// issued twice: those other processes issued too, as long as they are
+// below the clock. A store that saw nothing of the lost history (it
+// neither appended nor read since the backup's head) cannot tell
+// (docs/restore.md).
 
 // saw records that the log issued seq (an append's, or a head read).
 func (l *Store) saw(seq int64) {
@@ -132,7 +133,7 @@ func (l *Store) guardHead(ctx context.Context, c execer, head int64) (int64, err
 	if head >= issued {
 		return head, nil
 	}
-	to := max(floorClock(), issued)
+	to := max(floorClock(), issued+1) // issued itself strictly inside the range
 	if err := skipTo(ctx, c, head, to); err != nil {
 		return head, err
 	}
