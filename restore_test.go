@@ -3,7 +3,6 @@ package replayd_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,8 +11,8 @@ import (
 
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/hubtest"
+	"github.com/replayd/replayd/internal/sqlitetest"
 	"github.com/replayd/replayd/internal/wiretest"
-	"modernc.org/sqlite"
 )
 
 // Log identity on SQLite, as an operator restores a log after a disk loss
@@ -77,9 +76,9 @@ func TestRestoreFromBackup(t *testing.T) {
 func TestRestoreInPlace(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		restore func(t *testing.T, orig, backup string)
+		restore func(t testing.TB, orig, backup string)
 	}{
-		{"BackupAPI", restoreThroughBackupAPI},
+		{"BackupAPI", sqlitetest.RestoreInPlace},
 		{"RowsCopiedBack", restoreRowsCopiedBack},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,7 +86,7 @@ func TestRestoreInPlace(t *testing.T) {
 			hubtest.CheckRestore(t, hubtest.Restore{
 				Open: func() *replayd.EventHub { return openHub(t, orig, replayd.Options{}) },
 				Backup: func(h *replayd.EventHub) *replayd.EventHub {
-					vacuumInto(t, orig, backup)
+					sqlitetest.VacuumInto(t, orig, backup)
 					return h
 				},
 				Restore: func(h *replayd.EventHub) *replayd.EventHub {
@@ -115,7 +114,7 @@ func TestRestoreInPlaceEveryWriter(t *testing.T) {
 		return ev.Sequence
 	}
 	publish(a, "kept")
-	vacuumInto(t, orig, backup)
+	sqlitetest.VacuumInto(t, orig, backup)
 	var lost []int64
 	for range 5 {
 		lost = append(lost, publish(a, "lost"))
@@ -170,7 +169,7 @@ func TestRestoreInPlaceEveryWriter(t *testing.T) {
 			return ev.Sequence
 		}},
 	} {
-		restoreThroughBackupAPI(t, orig, backup)
+		sqlitetest.RestoreInPlace(t, orig, backup)
 		if seq := w.publish(); seq <= highest {
 			t.Fatalf("%s after a restore in place: sequence %d, at or below %d, which the log had issued", w.name, seq, highest)
 		} else {
@@ -182,60 +181,9 @@ func TestRestoreInPlaceEveryWriter(t *testing.T) {
 	}
 }
 
-// vacuumInto writes a consistent copy of the log at path to backup.
-func vacuumInto(t *testing.T, path, backup string) {
-	t.Helper()
-	db, err := replayd.OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Exec(`VACUUM INTO ?`, backup); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// restoreThroughBackupAPI copies backup over the database at path, in
-// place, with SQLite's online-backup API on a connection of its own.
-func restoreThroughBackupAPI(t *testing.T, path, backup string) {
-	t.Helper()
-	db, err := replayd.OpenDB(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	conn, err := db.Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
-		r, ok := dc.(interface {
-			NewRestore(string) (*sqlite.Backup, error)
-		})
-		if !ok {
-			return errors.New("the driver's connection has no NewRestore")
-		}
-		b, err := r.NewRestore(backup)
-		if err != nil {
-			return err
-		}
-		for more := true; more; { // Step(-1) copies every page at once
-			if more, err = b.Step(-1); err != nil {
-				b.Finish()
-				return err
-			}
-		}
-		return b.Finish()
-	})
-	if err != nil {
-		t.Fatalf("restore %s over %s: %v", backup, path, err)
-	}
-}
-
 // restoreRowsCopiedBack replaces every table of the log at path with
 // backup's, sqlite_sequence's row included, in one transaction.
-func restoreRowsCopiedBack(t *testing.T, path, backup string) {
+func restoreRowsCopiedBack(t testing.TB, path, backup string) {
 	t.Helper()
 	db, err := replayd.OpenDB(path)
 	if err != nil {
