@@ -63,10 +63,10 @@ func (l *Store) prepareTx(ctx context.Context) { l.stmts.prepare(ctx, l.db, txQu
 // write lock in it at once, waiting for another writer within the busy
 // timeout (see OpenDB); if the log was replaced under the store, it raises
 // the sequence floor in it (see guardHead). The application writes its own
-// rows in it, appends events with AppendTx, and commits or rolls back. Until then every other
-// write to the file waits, this store's appends included: keep it short,
-// and never wait in it for a Publish of a hub over this store (that publish
-// waits for the transaction).
+// rows in it, appends events with AppendTx, and commits or rolls back.
+// Until then every other write to the file waits, this store's appends
+// included: keep it short, and never wait in it for a Publish of a hub
+// over this store (that publish waits for the transaction).
 func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 	l.prepareTx(ctx) // between transactions: see stmtCache
 	tx, err := l.db.BeginTx(ctx, nil)
