@@ -7,12 +7,15 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd/internal/headless"
+	"github.com/replayd/replayd/internal/sqlitetest"
 )
 
 // Browser tests of the module served by ClientScript, in headless
@@ -204,6 +207,8 @@ func TestBrowserModule(t *testing.T) {
 	t.Run("PollReloadResumes", func(t *testing.T) { clientTestReloadResumes(t, browser, "poll") })
 	t.Run("PollUnknownCursor", func(t *testing.T) { clientTestUnknownCursor(t, browser, "poll") })
 	t.Run("PollReadError", func(t *testing.T) { clientTestPollReadError(t, browser) })
+	t.Run("SSERestoredInPlace", func(t *testing.T) { clientTestRestoredInPlace(t, browser, "sse") })
+	t.Run("PollRestoredInPlace", func(t *testing.T) { clientTestRestoredInPlace(t, browser, "poll") })
 	t.Run("AutoFallback", func(t *testing.T) { clientTestAutoFallback(t, browser) })
 	t.Run("Close", func(t *testing.T) { clientTestClose(t, browser) })
 	t.Run("SSEFreshToken", func(t *testing.T) { clientTestFreshParams(t, browser, "sse") })
@@ -555,4 +560,56 @@ func clientTestPollReadError(t *testing.T, browser context.Context) {
 		}
 		last = c
 	}
+}
+
+// A page that read a log's lost history and comes back after the log was
+// restored in place under its hub (issue 28), with its cursor in
+// sessionStorage: by then the restored log has more events than the page
+// read since the backup, so their sequences would pass its cursor. It gets
+// an unknown_cursor gap naming its cursor, then the next event; never the
+// restored log's events as if they followed the lost ones.
+func clientTestRestoredInPlace(t *testing.T, browser context.Context, transport string) {
+	db, path := openTestDB(t)
+	h := newTestHub(t, db, browserOptions())
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	want := []Event{mustPublish(t, h, "room", "kept")}
+	sqlitetest.VacuumInto(t, path, backup)
+	for i := range 5 {
+		want = append(want, mustPublish(t, h, "room", map[string]int{"lost": i}))
+	}
+	srv := browserListen(t, "127.0.0.1:0", clientMux(h.Handler(), clientPollHandler(h)))
+	tab := browserTab(t, browser)
+	opts := map[string]any{"sse": "/events", "poll": "/poll", "transport": transport, "topics": []string{"room"},
+		"cursor": 0, "storageKey": "cur"}
+	clientNavigate(t, tab, srv.url(), opts, "rec")
+	clientAssertEvents(t, clientWaitEvents(t, tab, "rec", len(want)), want, transport)
+	last := want[len(want)-1].Sequence
+
+	// The page goes away; the log is restored and takes 6 events.
+	ctx, cancel := context.WithTimeout(tab, browserWait)
+	defer cancel()
+	if _, err := headless.Evaluate[any](ctx, `window.sub.close()`); err != nil {
+		t.Fatalf("close the subscription: %v", err)
+	}
+	if err := headless.Navigate(ctx, "about:blank"); err != nil {
+		t.Fatalf("navigate away: %v", err)
+	}
+	if transport == "sse" {
+		browserWaitNoClients(t, h)
+	}
+	sqlitetest.RestoreInPlace(t, path, backup)
+	for i := range 6 {
+		mustPublish(t, h, "room", map[string]int{"restored": i})
+	}
+	clientNavigate(t, tab, srv.url(), opts, "rec") // resumes from the stored cursor
+	st := clientWaitUntil(t, tab, "rec", "the gap", func(st clientPageState) bool { return len(st.Rec) > len(want) })
+	var g gapJSON
+	if r := st.Rec[len(want)]; r.Kind != "gap" || json.Unmarshal([]byte(r.Data), &g) != nil ||
+		g.Reason != reasonUnknownCursor || g.ResumedFrom == nil || *g.ResumedFrom != last {
+		t.Fatalf("back after the restore in place: %+v, want an unknown_cursor gap resumed from %d", r, last)
+	}
+	next := mustPublish(t, h, "room", "next")
+	st = clientWaitEvents(t, tab, "rec", len(want)+1)
+	st.Rec = slices.Delete(st.Rec, len(want), len(want)+1)
+	clientAssertEvents(t, st, append(want, next), transport)
 }

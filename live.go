@@ -64,9 +64,11 @@ const (
 	// error), so they cannot be delivered in order.
 	GapUnreadable = "unreadable"
 	// GapUnknownCursor: the log was reset or replaced from outside (a new
-	// database file, or every row deleted and the sequence reset), so the
-	// head fell below the live position. Sequences start again: events
-	// after this gap have lower sequences than those before it.
+	// database file, every row deleted and the sequence reset, a backup
+	// restored in place), so the head fell below the live position, or the
+	// live position is a sequence the log says it never issued. Events
+	// after this gap are of another history: their sequences may be lower
+	// than those before it.
 	GapUnknownCursor = "unknown_cursor"
 )
 
@@ -354,7 +356,9 @@ func (h *EventHub) deliver(after int64, rows []Event, onePage bool) (n int, newe
 			h.logger.Error("replayd: cannot read the head to tell a reset log from rows already delivered",
 				"after", after, "livePosition", h.live.pos, "err", err)
 		case head < h.live.pos:
-			h.logReset(head, min(after, head))
+			h.logger.Warn("replayd: the log's head is below the live position: the log was reset or replaced; reconnecting streams",
+				"head", head, "livePosition", h.live.pos)
+			h.logReset(min(after, head))
 		}
 		h.live.mu.Unlock()
 	}
@@ -432,6 +436,17 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 	}
 	h.live.mu.Lock()
 	defer h.live.mu.Unlock()
+	if page.Foreign {
+		// The live position is a sequence the log never issued: it was
+		// replaced under the hub (restored in place from a backup, say)
+		// and its head raised past the lost history (the sequence floor),
+		// which the rows above belong to no more. As for a head below the
+		// position: every stream ends and resumes with unknown_cursor.
+		h.logger.Warn("replayd: the live position is a sequence the log never issued: the log was replaced; reconnecting streams",
+			"head", page.Head, "livePosition", from)
+		h.logReset(min(through, page.Head))
+		return 0, nil
+	}
 	if mark := page.Watermark; mark > from {
 		// Rows above the live position were pruned before they were
 		// delivered. Every row up to mark is gone, so the hole ends there,
@@ -456,16 +471,16 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 	return len(page.Events), nil
 }
 
-// logReset handles a head below the live position: the log was reset or
-// replaced from outside, and its sequences start again. Like a cursor above
-// the head (an unknown_cursor gap), every stream ends, so its client
-// reconnects, is told by an unknown_cursor gap and goes on from the new head;
-// gap subscribers are told the same; the live position moves down to
-// through, above which rows are delivered again. The caller holds
-// h.live.catchMu and h.live.mu.
-func (h *EventHub) logReset(head, through int64) {
-	h.logger.Warn("replayd: the log's head is below the live position: the log was reset or replaced; reconnecting streams",
-		"head", head, "livePosition", h.live.pos)
+// logReset handles a head below the live position, or a live position the
+// log finds foreign: the log was reset or replaced from outside, and its
+// sequences start again (or, raised by the sequence floor, go on above the
+// lost history's). Like a cursor above the head (an unknown_cursor gap),
+// every stream ends, so its client reconnects, is told by an
+// unknown_cursor gap and goes on from the new head; gap subscribers are
+// told the same; the live position moves to through, above which rows are
+// delivered again. The caller holds h.live.catchMu and h.live.mu, and has
+// logged why.
+func (h *EventHub) logReset(through int64) {
 	h.resync()
 	h.live.pollWin.reset()
 	h.live.gap(Gap{Reason: GapUnknownCursor, After: h.live.pos, From: 1, Through: through})

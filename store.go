@@ -96,7 +96,10 @@ func OpenDB(dsn string) (*sql.DB, error) { return sqlitestore.OpenDB(dsn) }
 // SQLite store found that the database file at its path is no longer the
 // one it opened: the file was deleted, or another file was moved over it.
 // Nothing was stored; the hub will not recover: close it and the *sql.DB,
-// put the right file in place, and open both again.
+// put the right file in place, and open both again. A backup restored into
+// the same file through SQLite (sqlite3's ".restore") is not an error: the
+// hub goes on publishing, above every sequence the lost history issued
+// (docs/restore.md, "A log replaced under a running hub").
 var ErrLogReplaced = sqlitestore.ErrLogReplaced
 
 // NewWithStore returns a hub over s. The hub never closes s: the caller

@@ -1,11 +1,15 @@
 package hubtest
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/client"
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
@@ -19,7 +23,11 @@ type Restore struct {
 	// stopped the log.
 	Backup func(h *replayd.EventHub) *replayd.EventHub
 	// Restore loses the original log for good (h is its hub: close it),
-	// restores the backup and returns a hub on the restored log.
+	// restores the backup and returns a hub on the restored log. Or it
+	// restores the backup in place, under h left running (the log's rows
+	// replaced from outside, through the database's own connections), and
+	// returns h: the restored log then takes its new events through the
+	// hub that served the lost history.
 	Restore func(h *replayd.EventHub) *replayd.EventHub
 }
 
@@ -32,6 +40,11 @@ type Restore struct {
 // event at or below the head, and then the next event live; a client at
 // the 5th (the backup point) or at the 3rd gets every event of the restored
 // history above its cursor, without a gap: the two histories agree there.
+// A Go client (package client) resuming at the 10th gets the same gap, over
+// SSE and over polls. For a restore in place, an SSE stream and a gap
+// subscriber left open on the hub across the restore are told too: the
+// stream ends, without any of the restored log's events, and the
+// subscriber gets an unknown_cursor gap before them.
 func CheckRestore(t *testing.T, r Restore) {
 	h := r.Open()
 	url := wiretest.ServePoll(t, h)
@@ -57,14 +70,40 @@ func CheckRestore(t *testing.T, r Restore) {
 		t.Fatalf("poll of the original log: %+v", p)
 	}
 	c10, c5, c3 := oldIDs[9], oldIDs[4], oldIDs[2]
+	// Left open across the restore: a stream caught up with the original,
+	// and a gap subscriber.
+	across := wiretest.Dial(t, url+"/events", wiretest.LastID(c10))
+	across.Hello()
+	told := wiretest.NewRecorder()
+	unsubscribe := h.SubscribeWithGaps(func(ev replayd.Event) { told.Add(fmt.Sprint(ev.Sequence)) },
+		func(g replayd.Gap) { told.Add("gap " + g.Reason) })
+	defer unsubscribe()
 
+	orig := h
 	h = r.Restore(h)
+	inPlace := h == orig
 	url = wiretest.ServePoll(t, h)
 	var restored []replayd.Event
 	for i := range 8 {
 		restored = append(restored, mustPublish(t, h, "", fmt.Sprintf("restored %d", i+1)))
 	}
 	newIDs := seqs(restored)
+	for _, ev := range restored {
+		if slices.Contains(oldIDs, ev.Sequence) {
+			t.Fatalf("the restored log's event %d reuses a sequence of the lost history %v", ev.Sequence, oldIDs)
+		}
+	}
+	across.Ended("a stream open on the original across the restore")
+	if inPlace {
+		// The subscriber is told of the replaced log before its events.
+		want := []string{"gap " + replayd.GapUnknownCursor}
+		for _, s := range newIDs {
+			want = append(want, fmt.Sprint(s))
+		}
+		if got := told.Wait(t, len(want)); !slices.Equal(got, want) {
+			t.Fatalf("a gap subscriber across the restore in place got %v, want %v", got, want)
+		}
+	}
 	head, err := h.LatestSequence(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +121,13 @@ func CheckRestore(t *testing.T, r Restore) {
 	p10 := wiretest.Poll(t, url, fmt.Sprintf("cursor=%d", c10))
 	if p10.Gap == nil || p10.Gap.Reason != "unknown_cursor" || len(p10.Events) != 0 || p10.Cursor != head {
 		t.Fatalf("polling at %d: %+v, want an unknown_cursor gap and the cursor %d", c10, p10, head)
+	}
+	// The Go client, over each transport, at the 10th: the same gap.
+	for _, tr := range []client.Transport{client.SSE, client.Poll} {
+		if m := firstMessage(t, client.Options{SSE: url + "/events", Poll: url + "/poll", Transport: tr, Cursor: c10}); m.Gap == nil ||
+			m.Gap.Reason != "unknown_cursor" || m.Gap.ResumedFrom == nil || *m.Gap.ResumedFrom != c10 {
+			t.Fatalf("the Go client (%s) resuming at %d: %+v, want an unknown_cursor gap", tr, c10, m)
+		}
 	}
 	// At or below the backup point: the restored history, no gap.
 	streams := map[int64]*wiretest.Client{}
@@ -111,6 +157,25 @@ func CheckRestore(t *testing.T, r Restore) {
 	if p := wiretest.Poll(t, url, fmt.Sprintf("cursor=%d", p10.Cursor)); p.Gap != nil || !slices.Equal(p.IDs(), []int64{live.Sequence}) {
 		t.Fatalf("polling on from %d: %+v, want the live event %d", p10.Cursor, p, live.Sequence)
 	}
+}
+
+// firstMessage runs a Go client with opts until its first message, within
+// wiretest.WaitFor, and returns it.
+func firstMessage(t *testing.T, opts client.Options) client.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), wiretest.WaitFor)
+	defer cancel()
+	opts.PollWait = time.Second
+	errFirst := errors.New("first message")
+	var first client.Message
+	err := client.New(opts).Run(ctx, func(m client.Message) error {
+		first = m
+		return errFirst
+	})
+	if !errors.Is(err, errFirst) {
+		t.Fatalf("the Go client from %d (%s): %v", opts.Cursor, opts.Transport, err)
+	}
+	return first
 }
 
 // frameSeqs returns the frames' ids as sequences, failing on a frame that

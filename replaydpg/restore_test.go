@@ -39,6 +39,37 @@ func TestRestoreFromDump(t *testing.T) {
 	})
 }
 
+// Log identity on PostgreSQL when the log is restored in place, under its
+// running node (hubtest.CheckRestore with Restore returning the same hub):
+// the log's tables emptied and the dump loaded back into them with
+// pg_restore --data-only, which sets the head row (and the outbox's
+// identity) back to the dump's, while the node keeps its pool and its
+// prepared statements.
+func TestRestoreInPlace(t *testing.T) {
+	t.Parallel()
+	pgDump, pgRestore := pgTool(t, "pg_dump"), pgTool(t, "pg_restore")
+	dsn, prefix := testDSN(t), testPrefix(t)
+	dump := filepath.Join(t.TempDir(), "log.dump")
+	hubtest.CheckRestore(t, hubtest.Restore{
+		Open: func() *replayd.EventHub { return hubOn(t, openPrefixDSN(t, prefix, dsn)) },
+		Backup: func(h *replayd.EventHub) *replayd.EventHub {
+			run(t, pgDump, "-d", dsn, "-Fc", "-t", prefix+"*", "-f", dump)
+			return h
+		},
+		Restore: func(h *replayd.EventHub) *replayd.EventHub {
+			tables := []string{"events", "head", "watermarks", "skips", "outbox"}
+			for i, tb := range tables {
+				tables[i] = prefix + tb
+			}
+			if _, err := testPool(t).Exec(t.Context(), "TRUNCATE "+strings.Join(tables, ", ")); err != nil {
+				t.Fatal(err)
+			}
+			run(t, pgRestore, "-d", dsn, "--data-only", "--no-owner", dump)
+			return h
+		},
+	})
+}
+
 // A head row lost (deleted by an operator, left out of a partial restore)
 // with rows left: Open recreates it above them, publishes work and reuse
 // no sequence.

@@ -133,15 +133,36 @@ const (
 				ORDER BY e.topic DESC, e.sequence DESC LIMIT 1)
 		END, 0) AS ord0`
 
+	// floorGuard is the CTEs guard and guard_skip of the append statements,
+	// $6 the highest sequence the store knows its log issued
+	// (Store.issued). A head below it can only be a log replaced under the
+	// store (its tables restored in place, with pg_restore --data-only,
+	// say): the head never goes backwards otherwise. guard is then one row:
+	// the head, and the floor it is raised to, the server's clock in Unix
+	// microseconds or $6+1 if the clock is behind it; guard_skip records the
+	// range skipped, and the statement's rows go above the floor. The lost
+	// history's sequences fall inside the range, where cursors are foreign,
+	// and none is issued twice. The statement's snapshot sees the head as
+	// qLock locked it. When nothing was replaced it costs one index probe
+	// of the one-row head table.
+	floorGuard = `guard AS (
+		SELECT h0.seq AS old, greatest((extract(epoch FROM clock_timestamp()) * 1000000)::bigint, $6::bigint + 1) AS floor
+		FROM %[1]shead h0 WHERE h0.id = 1 AND h0.seq < $6::bigint
+	), guard_skip AS (
+		INSERT INTO %[1]sskips (after, through) SELECT guard.old, guard.floor FROM guard
+		ON CONFLICT (after) DO UPDATE SET through = greatest(%[1]sskips.through, excluded.through)
+	)`
+
 	// $1..$4: event ids (distinct: Append drops repeats within the batch),
 	// types, topics (NULL: broadcast), payloads; $5 the NOTIFY channel
-	// (empty: none); $6 each event's rank, from 1, among the batch's events
-	// of its topic (broadcasts are a topic of their own). Every event is
-	// stored: the i-th (from 1) gets sequence seq0+i and global ordinal
-	// ord0+i, and the topic ordinal after its topic's newest row's plus its
-	// rank. It returns one row: seq0 and the batch's created_at.
-	qAppendNew = `WITH h AS (
-		UPDATE %[1]shead SET seq = seq + cardinality($1::text[]), ord = ord + cardinality($1::text[]),
+	// (empty: none); $6 see floorGuard; $7 each event's rank, from 1,
+	// among the batch's events of its topic (broadcasts are a topic of
+	// their own). Every event is stored: the i-th (from 1) gets sequence
+	// seq0+i and global ordinal ord0+i, and the topic ordinal after its
+	// topic's newest row's plus its rank. It returns one row: seq0 and the
+	// batch's created_at.
+	qAppendNew = `WITH ` + floorGuard + `, h AS (
+		UPDATE %[1]shead SET seq = coalesce((SELECT guard.floor FROM guard), seq) + cardinality($1::text[]), ord = ord + cardinality($1::text[]),
 			created_at = greatest(created_at, clock_timestamp())
 		WHERE id = 1
 		RETURNING seq - cardinality($1::text[]) AS seq0, ord - cardinality($1::text[]) AS ord0, created_at
@@ -150,7 +171,7 @@ const (
 	), ins AS (
 		INSERT INTO %[1]sevents (sequence, event_id, type, topic, payload, created_at, topic_ord, global_ord)
 		SELECT h.seq0 + u.i, u.event_id, u.type, u.topic, u.payload, h.created_at, tb.ord0 + u.t, h.ord0 + u.i
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $6::bigint[]) WITH ORDINALITY AS u(event_id, type, topic, payload, t, i)
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $7::bigint[]) WITH ORDINALITY AS u(event_id, type, topic, payload, t, i)
 		CROSS JOIN h JOIN tb ON tb.topic = coalesce(u.topic, '')
 	)
 	SELECT h.seq0, h.created_at,
@@ -160,15 +181,15 @@ const (
 	// $1..$4: event ids (distinct: Append drops repeats within the batch),
 	// types, topics (NULL: broadcast), payloads; $5 the NOTIFY channel
 	// (empty: none), notified once with the new head if anything was
-	// stored, delivered at commit. Rows whose event id is stored are
-	// duplicates: they take no sequence and return the stored original; a
-	// new row returns only its sequence and created_at.
+	// stored, delivered at commit; $6 see floorGuard. Rows whose event id
+	// is stored are duplicates: they take no sequence and return the stored
+	// original; a new row returns only its sequence and created_at.
 	// Every lookup is an index probe per row or per topic (a scalar
 	// subquery, a MATERIALIZED CTE, a LATERAL with LIMIT), whatever the
 	// table's size: a hash join would scan the whole log, and a lookup
 	// inlined into the insert's join would run once per inserted row, each
 	// walking back over the rows this statement already inserted.
-	qAppend = `WITH b AS MATERIALIZED (
+	qAppend = `WITH ` + floorGuard + `, b AS MATERIALIZED (
 		SELECT u.i, u.event_id, u.type, u.topic, u.payload,
 			(SELECT e.sequence FROM %[1]sevents e WHERE e.event_id = u.event_id) AS stored
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS u(event_id, type, topic, payload, i)
@@ -178,7 +199,7 @@ const (
 	), c AS (
 		SELECT count(*) AS n FROM numbered
 	), h AS (
-		UPDATE %[1]shead SET seq = %[1]shead.seq + c.n, ord = %[1]shead.ord + c.n,
+		UPDATE %[1]shead SET seq = coalesce((SELECT guard.floor FROM guard), %[1]shead.seq) + c.n, ord = %[1]shead.ord + c.n,
 			created_at = greatest(%[1]shead.created_at, clock_timestamp())
 		FROM c WHERE %[1]shead.id = 1
 		RETURNING %[1]shead.seq - c.n AS seq0, %[1]shead.ord - c.n AS ord0, %[1]shead.created_at

@@ -26,6 +26,12 @@
 // head row and the server's clock is not above the highest sequence found:
 // sequences above it may have been issued, and nothing tells which.
 // EnsureSchema makes the same repair, and raises the floor only after one.
+// A log restored into the live tables under a running Store (emptied, then
+// pg_restore --data-only) is caught by the append itself: under the head
+// row's lock, a head below the highest sequence the Store knows was issued
+// (its appends, the heads it read or was notified of) is raised to the
+// clock, the skipped range recorded, before the rows take sequences (see
+// floorGuard in sql.go).
 //
 // Decisions beyond the Store contract:
 //   - created_at is the server's clock_timestamp() taken under the head lock,
@@ -134,6 +140,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -222,6 +229,11 @@ type Store struct {
 	relayDone chan struct{} // closed when the relay goroutine exits
 	watchMu   sync.Mutex    // guards watching
 	watching  []string      // ids of transactions that published (PublishTx), for the relay to watch
+
+	// issued is the highest sequence this store knows its log issued: its
+	// appends', every head it read or heard of. Every append raises the
+	// floor if the head is below it (see floorGuard in sql.go).
+	issued atomic.Int64
 
 	mu      sync.Mutex    // guards known, changed and closed
 	known   int64         // the highest head the listener has heard of
@@ -585,6 +597,9 @@ func (s *Store) appendVia(ctx context.Context, evs []storage.Event, send sender)
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: append: %w", err)
 	}
+	for _, i := range idx {
+		s.saw(res[i].Event.Sequence)
+	}
 	for _, i := range repeats {
 		res[i].Event, res[i].Duplicate = res[first[evs[i].EventID]].Event, true
 	}
@@ -604,7 +619,7 @@ func (s *Store) isStoredID(err error) bool {
 func (s *Store) appendNew(ctx context.Context, send sender, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, ranks []int64, channel string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.q.lock)
-	b.Queue(s.q.appendNew, ids, types, topics, payloads, channel, ranks)
+	b.Queue(s.q.appendNew, ids, types, topics, payloads, channel, s.issued.Load(), ranks)
 	var (
 		seq0      int64
 		createdAt time.Time
@@ -631,7 +646,7 @@ func (s *Store) appendNew(ctx context.Context, send sender, res []AppendResult, 
 func (s *Store) appendDedup(ctx context.Context, send sender, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, channel string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.q.lock)
-	b.Queue(s.q.append, ids, types, topics, payloads, channel)
+	b.Queue(s.q.append, ids, types, topics, payloads, channel, s.issued.Load())
 	return send(ctx, b, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {
 			return err
@@ -767,6 +782,7 @@ func (s *Store) Head(ctx context.Context) (int64, error) {
 	if err := s.pool.QueryRow(ctx, s.q.head).Scan(&head); err != nil {
 		return 0, fmt.Errorf("replaydpg: head: %w", err)
 	}
+	s.saw(head)
 	return head, nil
 }
 
@@ -818,6 +834,7 @@ func (s *Store) scopeSnapshot(ctx context.Context, topics []string, cursor int64
 		if err := br.QueryRow().Scan(head, foreign); err != nil {
 			return err
 		}
+		s.saw(*head)
 		if err := br.QueryRow().Scan(mark); err != nil {
 			return err
 		}
@@ -927,8 +944,19 @@ func (s *Store) WaitForAppend(ctx context.Context, after int64) error {
 	}
 }
 
+// saw records that the log issued seq (an append's, or a head read).
+func (s *Store) saw(seq int64) {
+	for {
+		cur := s.issued.Load()
+		if seq <= cur || s.issued.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
 // report records a head the listener learnt and wakes the waiters.
 func (s *Store) report(head int64) {
+	s.saw(head)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if head <= s.known {

@@ -17,9 +17,11 @@ import (
 // them again for every commit cost about a third of a one-row publish. Only
 // the store's Append uses it, under the store's writeMu.
 type logWriter struct {
+	store                                    *Store // its issued and logger, for guardHead
 	conn                                     *sql.Conn
 	begin, commit, rollback, insert, byEvent *sql.Stmt
 	lastRow, lastTopicOrd, lastBroadcastOrd  *sql.Stmt
+	head                                     *sql.Stmt
 
 	// tords caches, by topic ("" = broadcasts), the topic ordinal of the
 	// topic's newest row, valid while the log's newest row is still newest,
@@ -61,12 +63,13 @@ type lastRow struct {
 	empty          bool // the log has no row
 }
 
-func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
+func openLogWriter(ctx context.Context, l *Store) (*logWriter, error) {
+	db := l.db
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	w := &logWriter{conn: conn, newest: -1}
+	w := &logWriter{store: l, conn: conn, newest: -1}
 	// A pool of one (":memory:") lends the writer its connection for one
 	// batch at a time, has no other connection to wait for, and no file.
 	if db.Stats().MaxOpenConnections != 1 {
@@ -83,6 +86,7 @@ func openLogWriter(ctx context.Context, db *sql.DB) (*logWriter, error) {
 		{&w.commit, "COMMIT"},
 		{&w.rollback, "ROLLBACK"},
 		{&w.lastRow, qLastRow},
+		{&w.head, qHead},
 		{&w.lastTopicOrd, qLastTopicOrdinal},
 		{&w.lastBroadcastOrd, qLastBroadcastOrd},
 		{&w.insert, qInsert},
@@ -120,7 +124,7 @@ func (w *logWriter) setPragmas(ctx context.Context) error {
 // with its busy_timeout as it was, or makes the pool drop it if it may be
 // stuck inside a transaction.
 func (w *logWriter) close(broken bool) {
-	for _, s := range []*sql.Stmt{w.begin, w.commit, w.rollback, w.lastRow, w.lastTopicOrd, w.lastBroadcastOrd, w.insert, w.byEvent} {
+	for _, s := range []*sql.Stmt{w.begin, w.commit, w.rollback, w.lastRow, w.head, w.lastTopicOrd, w.lastBroadcastOrd, w.insert, w.byEvent} {
 		if s != nil {
 			s.Close()
 		}
@@ -168,7 +172,7 @@ func (l *Store) reserveWriter(ctx context.Context) error {
 	if l.writer != nil {
 		return nil
 	}
-	w, err := openLogWriter(ctx, l.db)
+	w, err := openLogWriter(ctx, l)
 	if err != nil {
 		return err
 	}
@@ -250,18 +254,27 @@ func (w *logWriter) dataVersion() (v uint32, ok bool) {
 var errNoDataVersion = errors.New("no data version")
 
 // readLastRow returns the log's newest row, from what the writer left after
-// its last commit if no other connection has written the file since.
+// its last commit if no other connection has written the file since. When
+// one may have, it also reads the head, and raises the floor if the log
+// was replaced under the store (guardHead): the rows of this transaction
+// then go above the raised head.
 func (w *logWriter) readLastRow() (lastRow, error) {
 	if w.topOK {
 		if v, ok := w.dataVersion(); ok && v == w.version && w.top.seq == w.newest {
 			return w.top, nil
 		}
 	}
+	sctx := context.Background() // under the write lock (see append)
 	var r lastRow
-	err := w.lastRow.QueryRowContext(context.Background()).Scan(&r.seq, &r.createdAt, &r.ord)
-	if errors.Is(err, sql.ErrNoRows) {
-		return lastRow{empty: true}, nil
+	var head int64
+	err := w.lastRow.QueryRowContext(sctx).Scan(&r.seq, &r.createdAt, &r.ord, &head)
+	if errors.Is(err, sql.ErrNoRows) { // no row: the head alone
+		r, err = lastRow{empty: true}, w.head.QueryRowContext(sctx).Scan(&head)
 	}
+	if err != nil {
+		return lastRow{}, err
+	}
+	_, err = w.store.guardHead(sctx, w.conn, head)
 	return r, err
 }
 
@@ -511,7 +524,7 @@ func (w *logWriter) lastTopicOrdinal(ctx context.Context, topic string) (int64, 
 // it, writing nothing. The caller holds l.writeMu.
 func (l *Store) probeWrite(ctx context.Context) error {
 	if l.writer == nil {
-		w, err := openLogWriter(ctx, l.db)
+		w, err := openLogWriter(ctx, l)
 		if err != nil {
 			return err
 		}

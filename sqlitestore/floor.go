@@ -57,28 +57,91 @@ func (l *Store) raiseFloor(ctx context.Context, now int64, logger *slog.Logger) 
 		if now <= before {
 			return nil
 		}
-		if _, err := conn.ExecContext(ctx, qSkip, before, now); err != nil {
-			return err
-		}
-		res, err := conn.ExecContext(ctx, qSetHead, now)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 { // no row was ever inserted: no sqlite_sequence row yet
-			if _, err := conn.ExecContext(ctx, qInsertHead, now); err != nil {
-				return err
-			}
-		}
 		after = now
-		return nil
+		return skipTo(ctx, conn, before, now)
 	})
 	if err == nil && now < before && logger != nil {
 		logger.Warn("replayd: the clock is behind the log's head: the sequence floor was not raised, so a backup of this log restored later may reuse sequences (docs/restore.md)",
 			"head", before, "clockMicros", now)
 	}
+	if err == nil {
+		l.saw(after)
+	}
 	return before, after, err
+}
+
+// execer is what *sql.Conn and *sql.Tx offer for writes.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// skipTo raises the head from head to to (> head), recording the skipped
+// range, inside the caller's write transaction on c.
+func skipTo(ctx context.Context, c execer, head, to int64) error {
+	if _, err := c.ExecContext(ctx, qSkip, head, to); err != nil {
+		return err
+	}
+	res, err := c.ExecContext(ctx, qSetHead, to)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 { // no row was ever inserted: no sqlite_sequence row yet
+		if _, err := c.ExecContext(ctx, qInsertHead, to); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// A log replaced under a running store. The floor is raised when a log is
+// opened; a log whose file is overwritten in place while stores have it
+// open (a restore through SQLite's online-backup API, as sqlite3's
+// ".restore" does, or rows copied back from a backup) is not opened again,
+// and its head is the backup's: below sequences its lost history issued,
+// which clients hold. So the store remembers the highest sequence it knows
+// its log issued (issued: its own appends, every head it read), and every
+// write transaction that appends, once it finds the file written by
+// another connection since its last look, reads the head: a head below
+// issued can only be a log replaced (the head never goes backwards
+// otherwise). It then raises the floor in that same transaction, before
+// its rows take sequences: to the clock, as an open would, or just above
+// issued if the clock is behind it. The lost history's sequences fall
+// inside the range skipped, where cursors are foreign, and no sequence is
+// issued twice: those other processes issued too, as long as they are
+// below the clock. A store that saw nothing of the lost history (it
+// neither appended nor read since the backup's head) cannot tell
+// (docs/restore.md).
+
+// saw records that the log issued seq (an append's, or a head read).
+func (l *Store) saw(seq int64) {
+	for {
+		cur := l.issued.Load()
+		if seq <= cur || l.issued.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+// guardHead, inside a write transaction on c about to append, raises the
+// floor if head, the log's head as the transaction reads it, is below a
+// sequence the store knows was issued (see above). It returns the head
+// the transaction's rows go above.
+func (l *Store) guardHead(ctx context.Context, c execer, head int64) (int64, error) {
+	issued := l.issued.Load()
+	if head >= issued {
+		return head, nil
+	}
+	to := max(floorClock(), issued+1) // issued itself strictly inside the range
+	if err := skipTo(ctx, c, head, to); err != nil {
+		return head, err
+	}
+	if l.logger != nil {
+		l.logger.Warn("replayd: the log's head is below a sequence this store knows was issued: the log was replaced under it (restored in place from a backup?); raising the head so that no sequence is issued twice, and cursors of the lost history get unknown_cursor (docs/restore.md)",
+			"head", head, "issued", issued, "raisedTo", to)
+	}
+	return to, nil
 }
 
 // floorClock is the sequence floor's clock: Unix microseconds.

@@ -4,13 +4,15 @@ import (
 	"database/sql"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/replayd/replayd/storage"
 )
 
 // Writes.
 const (
-	qLastRow          = `SELECT sequence, created_at, ordinal FROM events ORDER BY sequence DESC LIMIT 1`
+	// qLastRow: the newest row, and the head (for guardHead).
+	qLastRow          = `SELECT sequence, created_at, ordinal, (` + qHead + `) FROM events ORDER BY sequence DESC LIMIT 1`
 	qLastTopicOrdinal = `SELECT topic_ordinal FROM events WHERE topic = ? ORDER BY sequence DESC LIMIT 1`
 	qLastBroadcastOrd = `SELECT topic_ordinal FROM events WHERE topic IS NULL ORDER BY sequence DESC LIMIT 1`
 	qInsert           = `INSERT INTO events (event_id, type, topic, payload, created_at, ordinal, topic_ordinal)
@@ -46,6 +48,13 @@ type Store struct {
 	writeMu sync.Mutex
 	writer  *logWriter // Append's connection
 	closed  bool
+
+	// issued is the highest sequence this store knows its log issued: its
+	// appends' and every head it read. A head below it means the log was
+	// replaced under the store (see guardHead).
+	issued atomic.Int64
+	// guarded is the transaction whose head guardTx checked last.
+	guarded atomic.Pointer[sql.Tx]
 
 	// testHookHandshake, if set, runs inside readHandshake's read
 	// transaction, holding its pooled connection.

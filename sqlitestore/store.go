@@ -19,7 +19,8 @@ var ErrClosed = errors.New("replayd: the store is closed")
 // Options configure a SQLite store.
 type Options struct {
 	// Logger, if not nil, is told of a clock behind the log's head (see the
-	// sequence floor in package storage) and, at Error, of a database file
+	// sequence floor in package storage), of a log replaced in place under
+	// the store (its head raised), and, at Error, of a database file
 	// deleted or replaced under the store.
 	Logger *slog.Logger
 }
@@ -35,6 +36,12 @@ type Options struct {
 // Writes after Close fail with [ErrClosed]; reads keep working while db is
 // open. Several stores, in one process or several, may share one database
 // file.
+//
+// A backup restored into the open file (sqlite3's ".restore", SQLite's
+// online-backup API) keeps working: the store's next append finds the head
+// below what it knows was issued, raises the floor before its rows take
+// sequences, and logs it at Warn (see guardHead in floor.go, and
+// docs/restore.md).
 func Open(db *sql.DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("replayd: nil *sql.DB")
@@ -133,6 +140,7 @@ func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.Appe
 				continue
 			}
 			res[i] = storage.AppendResult{Event: one[0], Duplicate: d[0]}
+			l.saw(one[0].Sequence)
 		}
 		return res, nil
 	default:
@@ -145,6 +153,7 @@ func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.Appe
 	}
 	for i := range batch {
 		res[i] = storage.AppendResult{Event: batch[i], Duplicate: dup[i]}
+		l.saw(batch[i].Sequence)
 	}
 	return res, nil
 }
@@ -187,6 +196,7 @@ func (l *Store) Head(ctx context.Context) (int64, error) {
 	if !prepared {
 		l.stmts.prepare(ctx, l.db, []string{qHead}) // now that the connection is back
 	}
+	l.saw(head)
 	return head, nil
 }
 
@@ -215,6 +225,7 @@ func (l *Store) Read(ctx context.Context, req storage.ReadRequest) (p storage.Pa
 	if !prepared {
 		l.stmts.prepare(ctx, l.db, []string{query}) // now that the connection is back
 	}
+	l.saw(p.Head)
 	return p, nil
 }
 
@@ -259,6 +270,7 @@ func (l *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 	if err != nil {
 		return storage.Window{}, err
 	}
+	l.saw(hs.Head)
 	if cursor >= hs.Head || hs.Foreign {
 		return storage.Window{Head: hs.Head, Foreign: hs.Foreign}, nil
 	}

@@ -53,7 +53,7 @@ const qInsertTx = `INSERT INTO events (event_id, type, topic, payload, created_a
 // txQueries are the statements AppendTx and BeginTx run. Open prepares
 // them on the *sql.DB, so that they are reused on the transaction's
 // connection (Tx.StmtContext) without needing a second connection.
-var txQueries = []string{qInsertTx, qByEventID, qTakeWriteLock}
+var txQueries = []string{qInsertTx, qByEventID, qTakeWriteLock, qHead}
 
 // prepareTx prepares txQueries (errors are left to AppendTx, which then
 // prepares on the transaction).
@@ -61,11 +61,12 @@ func (l *Store) prepareTx(ctx context.Context) { l.stmts.prepare(ctx, l.db, txQu
 
 // BeginTx begins a transaction on the store's database and takes SQLite's
 // write lock in it at once, waiting for another writer within the busy
-// timeout (see OpenDB). The application writes its own rows in it, appends
-// events with AppendTx, and commits or rolls back. Until then every other
-// write to the file waits, this store's appends included: keep it short,
-// and never wait in it for a Publish of a hub over this store (that publish
-// waits for the transaction).
+// timeout (see OpenDB); if the log was replaced under the store, it raises
+// the sequence floor in it (see guardHead). The application writes its own
+// rows in it, appends events with AppendTx, and commits or rolls back.
+// Until then every other write to the file waits, this store's appends
+// included: keep it short, and never wait in it for a Publish of a hub
+// over this store (that publish waits for the transaction).
 func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 	l.prepareTx(ctx) // between transactions: see stmtCache
 	tx, err := l.db.BeginTx(ctx, nil)
@@ -84,7 +85,36 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 		tx.Rollback()
 		return nil, fmt.Errorf("take the write lock: %w", err)
 	}
+	if err := l.guardTx(ctx, tx); err != nil {
+		tx.Rollback()
+		return nil, err
+	}
 	return tx, nil
+}
+
+// guardTx raises the sequence floor in tx if the log was replaced under
+// the store (see guardHead), once per transaction: within one, the head
+// cannot go back (a transaction that read a snapshot another connection
+// then wrote over cannot write). The transaction last guarded is kept, so
+// its address cannot be reused by another. AppendTx does not count its
+// sequences as issued: tx may roll back.
+func (l *Store) guardTx(ctx context.Context, tx *sql.Tx) error {
+	if l.guarded.Load() == tx {
+		return nil
+	}
+	head, err := l.txStmt(ctx, tx, qHead)
+	if err == nil {
+		var seq int64
+		if err = head.QueryRowContext(ctx).Scan(&seq); err == nil {
+			_, err = l.guardHead(ctx, tx, seq)
+		}
+		head.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("replayd: check the log's head: %w", err)
+	}
+	l.guarded.Store(tx)
+	return nil
 }
 
 // AppendTx inserts evs into the log inside tx, a transaction on the
@@ -101,11 +131,16 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 // row before using them (see insertRows). An error leaves the rows of evs
 // inserted before the failing one in tx: roll it back (a single event's
 // failed insert leaves tx as it was). It never commits nor rolls back tx.
+// Its first call in a transaction not begun by BeginTx reads the head
+// first, and raises the floor if the log was replaced under the store.
 func (l *Store) AppendTx(ctx context.Context, tx *sql.Tx, evs []storage.Event) ([]storage.AppendResult, error) {
 	if tx == nil {
 		return nil, fmt.Errorf("replayd: append in a transaction: nil *sql.Tx")
 	}
 	if err := l.checkFile(false); err != nil {
+		return nil, err
+	}
+	if err := l.guardTx(ctx, tx); err != nil {
 		return nil, err
 	}
 	insert, err := l.txStmt(ctx, tx, qInsertTx)

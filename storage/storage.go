@@ -101,6 +101,17 @@ var ErrOutcomeUnknown = errors.New("replayd: outcome unknown: the event may or m
 // A recorded range that ends above the head (the log was reset from outside
 // below it) no longer describes the log and is ignored.
 //
+// A log replaced under a running store (restored in place, its tables
+// emptied and refilled from outside) is not opened again, and its head is
+// the backup's. So a store remembers the highest sequence it knows its log
+// issued (its appends, the heads it read) and, in the write that appends,
+// before any row takes a sequence, finds a head below that sequence a
+// replaced log: it raises the floor there as an open would (to the clock,
+// or to that sequence if the clock is behind), so the lost history's
+// sequences are foreign and none is issued twice. The hub, finding its
+// live position foreign (Read's Foreign for the live catch-up), ends its
+// streams and tells gap subscribers, as for a head below the position.
+//
 // Why a floor and not an id that names its log or event (an epoch, a
 // check of the event in the id): ids stay plain decimals, so nothing on the
 // wire changes; every client (EventSource, the browser module, Go clients)
