@@ -234,7 +234,7 @@ func freshDatabase(t *testing.T) string {
 
 // pgTool finds a PostgreSQL client program: beside the server .ci/pg.sh
 // runs (REPLAYD_PG_BIN, or the newest /usr/lib/postgresql/*/bin), or on
-// the PATH.
+// the PATH. Missing, it skips the test, or fails it under CI=true.
 func pgTool(t *testing.T, name string) string {
 	t.Helper()
 	dirs := []string{os.Getenv("REPLAYD_PG_BIN")}
@@ -250,6 +250,9 @@ func pgTool(t *testing.T, name string) string {
 	}
 	p, err := exec.LookPath(name)
 	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s not found: %v", name, err)
+		}
 		t.Skipf("%s not found: %v", name, err)
 	}
 	return p
