@@ -69,20 +69,33 @@ type tailConfig struct {
 	state        string
 }
 
-func parseTail(args []string) (tailConfig, error) {
+// tailUsage heads `replayd tail --help`.
+const tailUsage = `Usage: replayd tail URL [flags]
+
+Prints the events of the replayd server at URL to stdout, one JSON object a
+line (an event, or a gap naming what was missed), until SIGINT or SIGTERM.
+It reconnects by itself; it exits 1 on a refusal no retry can fix (400,
+401, 403, 404), and 2 on a bad flag. See docs/server.md.
+
+Flags:
+`
+
+// parseTail parses `replayd tail`'s command line; on --help it prints the
+// usage to help and returns flag.ErrHelp.
+func parseTail(args []string, help io.Writer) (tailConfig, error) {
 	var c tailConfig
 	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
 	var topics multiFlag
-	fs.Var(&topics, "topic", "a topic of the scope (repeatable; none: every event)")
-	fs.Int64Var(&c.cursor, "cursor", 0, "start after this sequence when there is no state yet (0: the beginning; -1: the head)")
-	transport := fs.String("transport", "auto", "sse, poll or auto")
-	fs.StringVar(&c.token, "token", "", "a subscriber token, sent as a Bearer header")
-	fs.StringVar(&c.state, "state", "", "a file keeping the cursor across runs")
-	fs.StringVar(&c.events, "events", "", "the SSE endpoint's URL (default: URL/events)")
-	fs.StringVar(&c.poll, "poll", "", "the poll endpoint's URL (default: URL/poll)")
-	pos, err := parseInterspersed(fs, args)
+	fs.Var(&topics, "topic", "a `topic` of the scope (repeatable; none: every event)")
+	fs.Int64Var(&c.cursor, "cursor", 0, "start after this `sequence` when there is no state yet (0: the beginning; -1: the head)")
+	transport := fs.String("transport", "auto", "`mode`: sse, poll, or auto (SSE, falling back to polls)")
+	fs.StringVar(&c.token, "token", "", "a subscriber `token`, sent as a Bearer header")
+	fs.StringVar(&c.state, "state", "", "a `file` keeping the cursor across runs")
+	fs.StringVar(&c.events, "events", "", "the SSE endpoint's `URL` (default: URL/events)")
+	fs.StringVar(&c.poll, "poll", "", "the poll endpoint's `URL` (default: URL/poll)")
+	pos, err := parseFlags(fs, args, tailUsage, help)
 	if err != nil {
-		return c, errors.New(flagError(err))
+		return c, err
 	}
 	c.topics = topics
 	switch client.Transport(*transport) {
@@ -128,7 +141,7 @@ func parseTail(args []string) (tailConfig, error) {
 // tail runs `replayd tail`: every line written to stdout, then its
 // sequence saved in the state file, until SIGINT or SIGTERM.
 func tail(args []string, stdout, stderr io.Writer) int {
-	c, err := parseTail(args)
+	c, err := parseTail(args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
