@@ -152,6 +152,11 @@ func tail(args []string, stdout, stderr io.Writer) int {
 	cursor := c.cursor
 	if c.state != "" {
 		s, ok, err := loadState(c.state)
+		var bad *badStateError
+		if errors.As(err, &bad) {
+			fmt.Fprintf(stderr, "replayd tail: --state: %v\n", err)
+			return 2
+		}
 		if err != nil {
 			fmt.Fprintf(stderr, "replayd tail: --state: %v\n", err)
 			return 1

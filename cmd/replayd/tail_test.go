@@ -324,3 +324,63 @@ func TestTailUnknownCursorGap(t *testing.T) {
 		})
 	}
 }
+
+// A state file replayd tail could not have written is refused with exit
+// status 2 and one line naming it, and left as it is: a negative or
+// missing cursor would move the tail silently (to the head, skipping
+// events without a gap, or back to the start). An empty file is no state
+// yet: the tail starts from --cursor.
+func TestTailRefusesBadState(t *testing.T) {
+	d := start(t, nil, serveArgs(t, filepath.Join(t.TempDir(), "b.db"))...)
+	seq := publish(t, d.base, "pub-b", "b0", "first").Sequence
+	for _, content := range []string{
+		`{"cursor":-5}`, `{"cursor":-1}`, `{}`, `null`, `[]`, `"x"`, `7`, `garbage`,
+		`{"cursor":1.5}`, `{"cursor":"5"}`, `{"cursor":1,"extra":true}`, `{"cursor":1}{"cursor":2}`, "{\"cursor\":\n",
+	} {
+		t.Run(content, func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "s.json")
+			if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tl := startTail(t, d.base, "--topic", "pub-b", "--state", state)
+			select {
+			case l, ok := <-tl.lines:
+				if ok {
+					t.Fatalf("the state was taken: printed %s", l.raw)
+				}
+				<-tl.done
+			case <-time.After(waitFor):
+				t.Fatalf("still running %v after starting with the state %q", waitFor, content)
+			}
+			var ee *exec.ExitError
+			if !errors.As(tl.err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit: %v, want status 2", tl.err)
+			}
+			lines := strings.Split(strings.TrimSpace(tl.stderr.String()), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], "--state") || !strings.Contains(lines[0], state) {
+				t.Errorf("stderr %q: want one line naming --state and the file", tl.stderr.String())
+			}
+			if b, _ := os.ReadFile(state); string(b) != content {
+				t.Errorf("the state file now holds %q", b)
+			}
+		})
+	}
+	for _, content := range []string{"", " \n"} {
+		t.Run(fmt.Sprintf("empty %q", content), func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "s.json")
+			if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tl := startTail(t, d.base, "--topic", "pub-b", "--state", state, "--cursor", "0")
+			if l := tl.next(t); l.Sequence != seq {
+				t.Fatalf("line %s: want sequence %d", l.raw, seq)
+			}
+			if _, err := tl.signal(t, syscall.SIGTERM); err != nil {
+				t.Fatalf("after SIGTERM: %v", err)
+			}
+			if got := readState(t, state); got != seq {
+				t.Errorf("state holds %d, want %d", got, seq)
+			}
+		})
+	}
+}
