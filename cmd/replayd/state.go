@@ -12,9 +12,16 @@ import (
 )
 
 // tailState is what `replayd tail --state FILE` keeps: the sequence of the
-// last event it printed.
+// last event it printed, and whether the line it may be writing now could
+// be left torn by a kill.
 type tailState struct {
 	Cursor int64 `json:"cursor"`
+	// Partial is set before the first line of a run that a kill could
+	// tear (one larger than a pipe writes at once, or any line when stdout
+	// is not a pipe), and kept until the run ends cleanly: the next run
+	// then begins with a newline, which ends whatever was left of that
+	// line.
+	Partial bool `json:"partial,omitempty"`
 }
 
 // badStateError is a state file replayd tail could not have written: the
@@ -52,7 +59,8 @@ func loadState(path string) (s tailState, ok bool, err error) {
 		return tailState{}, false, &badStateError{path: path, content: string(b), why: why}
 	}
 	var raw struct {
-		Cursor *int64 `json:"cursor"`
+		Cursor  *int64 `json:"cursor"`
+		Partial bool   `json:"partial"`
 	}
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
@@ -62,8 +70,10 @@ func loadState(path string) (s tailState, ok bool, err error) {
 		switch {
 		case errors.As(err, &syn):
 			return bad("not JSON")
-		case errors.As(err, &typ) && typ.Field != "":
+		case errors.As(err, &typ) && typ.Field == "cursor":
 			return bad("the cursor is not an integer")
+		case errors.As(err, &typ) && typ.Field != "":
+			return bad(typ.Field + " is not " + typ.Type.String())
 		case errors.As(err, &typ):
 			return bad("not an object")
 		}
@@ -80,7 +90,7 @@ func loadState(path string) (s tailState, ok bool, err error) {
 	case *raw.Cursor < 0:
 		return bad("a negative cursor")
 	}
-	return tailState{Cursor: *raw.Cursor}, true, nil
+	return tailState{Cursor: *raw.Cursor, Partial: raw.Partial}, true, nil
 }
 
 // saveState replaces the state file at path atomically: a temporary file

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -149,7 +150,7 @@ func tail(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "replayd tail: %v\n", err)
 		return 2
 	}
-	cursor := c.cursor
+	cursor, partial := c.cursor, false
 	if c.state != "" {
 		s, ok, err := loadState(c.state)
 		var bad *badStateError
@@ -162,7 +163,17 @@ func tail(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		if ok {
-			cursor = s.Cursor
+			cursor, partial = s.Cursor, s.Partial
+		}
+	}
+	if partial {
+		// The last run may have been killed in the middle of a line: end
+		// what it left of it, so that a fragment is a line of its own,
+		// which does not parse (a blank line if nothing was left), and
+		// not glued to the line printed next.
+		if _, err := stdout.Write([]byte{'\n'}); err != nil {
+			fmt.Fprintf(stderr, "replayd tail: stdout: %v\n", err)
+			return 1
 		}
 	}
 	opts := client.Options{Transport: c.transport, Topics: c.topics, Cursor: cursor}
@@ -181,16 +192,34 @@ func tail(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	cl := client.New(opts)
+	atomic := atomicWrite(stdout)
+	marked := false // the state says Partial: a line of this run may be torn
 	save := func(n int64) error {
 		if c.state == "" || n < 0 {
 			return nil
 		}
-		return saveState(c.state, tailState{Cursor: n})
+		return saveState(c.state, tailState{Cursor: n, Partial: marked})
 	}
 	err = cl.Run(ctx, func(m client.Message) error {
+		line := lineOf(m)
+		if c.state != "" && !marked && len(line) > atomic {
+			// A kill could tear this line: say so first, once a run.
+			before := cl.Cursor() // where the state is: before this message
+			switch {
+			case before >= 0:
+			case m.Event != nil:
+				before = m.Event.ID - 1
+			case m.Gap.MissedFrom != nil:
+				before = *m.Gap.MissedFrom - 1
+			}
+			marked = true
+			if err := save(max(before, 0)); err != nil {
+				return fmt.Errorf("--state: %w", err)
+			}
+		}
 		// stdout is not buffered: the line is out of the process when
 		// Write returns, before the state says so.
-		if _, err := stdout.Write(lineOf(m)); err != nil {
+		if _, err := stdout.Write(line); err != nil {
 			return fmt.Errorf("stdout: %w", err)
 		}
 		switch {
@@ -204,6 +233,7 @@ func tail(args []string, stdout, stderr io.Writer) int {
 		return nil // an unknown_cursor gap: the next event, or the exit, saves the cursor it moved
 	})
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		marked = false // every line written is whole
 		if err := save(cl.Cursor()); err != nil {
 			fmt.Fprintf(stderr, "replayd tail: --state: %v\n", err)
 			return 1
@@ -212,4 +242,23 @@ func tail(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "replayd tail: %v\n", err)
 	return 1
+}
+
+// atomicWrite is the longest line a kill cannot tear on w: a pipe takes a
+// write of up to PIPE_BUF bytes whole or not at all (4096 on Linux, at
+// least 512 by POSIX). On anything else (a file, a socket, a terminal), a
+// write may be cut short by a kill, so every line may tear.
+func atomicWrite(w io.Writer) int {
+	f, ok := w.(*os.File)
+	if !ok {
+		return 0
+	}
+	fi, err := f.Stat()
+	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		return 0
+	}
+	if runtime.GOOS == "linux" {
+		return 4096
+	}
+	return 512
 }
