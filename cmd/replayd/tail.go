@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/replayd/replayd/client"
@@ -75,8 +76,10 @@ const tailUsage = `Usage: replayd tail URL [flags]
 
 Prints the events of the replayd server at URL to stdout, one JSON object a
 line (an event, or a gap naming what was missed), until SIGINT or SIGTERM.
-It reconnects by itself; it exits 1 on a refusal no retry can fix (400,
-401, 403, 404), and 2 on a bad flag. See docs/server.md.
+It reconnects by itself, saying on stderr when it cannot connect and when
+it is connected again; it exits 1 on a refusal no retry can fix (400, 401,
+403, 404: the server's answer is printed), and 2 on a bad flag or state
+file. See docs/server.md.
 
 Flags:
 `
@@ -191,6 +194,9 @@ func tail(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	rt := &connReporter{base: http.DefaultTransport.(*http.Transport).Clone(), ctx: ctx, w: stderr}
+	defer rt.base.CloseIdleConnections()
+	opts.HTTPClient = &http.Client{Transport: rt}
 	cl := client.New(opts)
 	atomic := atomicWrite(stdout)
 	marked := false // the state says Partial: a line of this run may be torn
@@ -261,4 +267,50 @@ func atomicWrite(w io.Writer) int {
 		return 4096
 	}
 	return 512
+}
+
+// connReporter says on stderr when tail cannot reach the server, and when
+// it is connected again: once a change, not once a retry (the client
+// retries a failed connection, a 5xx, 408 and 429 with backoff). A refusal
+// no retry can fix (another 4xx) ends the run, and tail exits 1 naming it.
+type connReporter struct {
+	base *http.Transport
+	ctx  context.Context // done: the failures are tail's own ending
+	w    io.Writer
+
+	mu      sync.Mutex // guards failing
+	failing string     // the failure last reported; "" while connected
+}
+
+func (r *connReporter) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.base.RoundTrip(req)
+	if r.ctx.Err() != nil {
+		return resp, err
+	}
+	u := *req.URL
+	u.RawQuery, u.User = "", nil // a query may hold a token
+	switch {
+	case err != nil:
+		r.report(fmt.Sprintf("cannot connect to %s: %v; retrying", u.String(), err))
+	case resp.StatusCode == http.StatusOK:
+		r.report("")
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooManyRequests:
+		r.report(fmt.Sprintf("cannot connect to %s: %s; retrying", u.String(), resp.Status))
+	}
+	return resp, err
+}
+
+// report prints failing ("" for connected) if it is news.
+func (r *connReporter) report(failing string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if failing == r.failing {
+		return
+	}
+	if failing == "" {
+		fmt.Fprintln(r.w, "replayd tail: connected")
+	} else {
+		fmt.Fprintln(r.w, "replayd tail:", failing)
+	}
+	r.failing = failing
 }
