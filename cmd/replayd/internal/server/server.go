@@ -43,7 +43,7 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 			s.Close()
 		}
 	}()
-	subs := &subscribers{public: c.PublicTopics}
+	subs := &subscribers{public: c.PublicTopics, log: log}
 	if c.TokenKeyFile != "" {
 		v, err := loadVerifier(c)
 		if err != nil {
