@@ -1,16 +1,38 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"strings"
 )
 
+// parseFlags parses args with fs, flags and positional arguments in any
+// order (replayd tail URL --topic a), and returns the positional ones. A
+// "--" ends the flags. On -h or --help it prints usage and fs's flags to
+// help and returns flag.ErrHelp; any other error is the one line a bad
+// flag gets.
+func parseFlags(fs *flag.FlagSet, args []string, usage string, help io.Writer) ([]string, error) {
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(help, usage)
+		fs.SetOutput(help)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+		return nil, flag.ErrHelp
+	}
+	if err != nil {
+		return nil, errors.New(flagError(err))
+	}
+	return pos, nil
+}
+
 // parseInterspersed parses args with fs, flags and positional arguments
-// in any order (replayd tail URL --topic a), and returns the positional
-// ones. A "--" ends the flags.
+// in any order, and returns the positional ones.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(io.Discard)
+	fs.Usage = func() {} // parseFlags prints the help
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {

@@ -83,3 +83,43 @@ func TestFlagWinsOverEnvironment(t *testing.T) {
 		t.Errorf("second key from the environment publishing outside its pattern: %d %s", status, b)
 	}
 }
+
+// -h and --help print the command's usage and every flag's description to
+// stdout and exit 0, for each command, as `replayd help COMMAND` does.
+func TestHelpExitsZero(t *testing.T) {
+	flags := map[string][]string{
+		"serve":   {"-publish-key", "-token-key", "-replay-limit"},
+		"tail":    {"-state", "a file keeping the cursor across runs", "-transport", "-cursor"},
+		"publish": {"-key", "the publish key (required)", "-data", "-id"},
+	}
+	for cmd, want := range flags {
+		for _, args := range [][]string{{cmd, "--help"}, {cmd, "-h"}, {"help", cmd}, {cmd, "http://x", "--topic", "a", "-h"}} {
+			if cmd == "serve" && len(args) > 3 {
+				continue // serve takes no URL
+			}
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				var stdout, stderr bytes.Buffer
+				c := exec.Command(bin, args...)
+				c.Stdout, c.Stderr = &stdout, &stderr
+				if err := c.Run(); err != nil {
+					t.Fatalf("exit: %v, want 0; stderr: %s", err, stderr.String())
+				}
+				out := stdout.String()
+				if !strings.HasPrefix(out, "Usage: replayd "+cmd) || stderr.Len() != 0 {
+					t.Fatalf("stdout %q, stderr %q: want the usage on stdout only", out, stderr.String())
+				}
+				for _, w := range want {
+					if !strings.Contains(out, w) {
+						t.Errorf("usage lacks %q:\n%s", w, out)
+					}
+				}
+			})
+		}
+	}
+	for _, arg := range []string{"--help", "-h", "help"} {
+		out, err := exec.Command(bin, arg).Output()
+		if err != nil || !strings.Contains(string(out), "replayd tail URL") || !strings.Contains(string(out), "--help") {
+			t.Errorf("replayd %s: %v %q", arg, err, out)
+		}
+	}
+}

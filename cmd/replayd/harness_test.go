@@ -182,6 +182,7 @@ type publishAnswer struct {
 	ID        string `json:"id"`
 	Duplicate bool   `json:"duplicate"`
 	Error     string `json:"error"`
+	Code      string `json:"code"`
 	Outcome   string `json:"outcome"`
 }
 

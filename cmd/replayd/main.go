@@ -30,10 +30,12 @@ func main() {
 }
 
 const usage = `Usage:
-  replayd serve [flags]        serve events (replayd serve -h lists the flags)
+  replayd serve [flags]        serve events
   replayd tail URL [flags]     print a stream's events, one JSON object a line
   replayd publish URL [flags]  publish one event (--key K --topic T --data JSON)
   replayd version              print the version
+
+replayd COMMAND --help (or replayd help COMMAND) lists the command's flags.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -46,6 +48,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "replayd", buildVersion())
 		return 0
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[0] == "help" {
+			switch args[1] {
+			case "serve", "tail", "publish":
+				return run([]string{args[1], "--help"}, stdout, stderr)
+			}
+		}
 		fmt.Fprint(stdout, usage)
 		return 0
 	case "serve":

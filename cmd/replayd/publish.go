@@ -20,17 +20,29 @@ type publishConfig struct {
 	data                json.RawMessage
 }
 
-func parsePublish(args []string) (publishConfig, error) {
+// publishUsage heads `replayd publish --help`.
+const publishUsage = `Usage: replayd publish URL --key KEY --topic TOPIC --data JSON [flags]
+
+Publishes one event with POST URL/publish and prints the server's answer.
+Exit status 0 only on 200; 1 otherwise (the answer names the refusal);
+2 on a bad flag. See docs/server.md.
+
+Flags:
+`
+
+// parsePublish parses `replayd publish`'s command line; on --help it
+// prints the usage to help and returns flag.ErrHelp.
+func parsePublish(args []string, help io.Writer) (publishConfig, error) {
 	var c publishConfig
 	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
-	fs.StringVar(&c.key, "key", "", "the publish key (required)")
-	fs.StringVar(&c.topic, "topic", "", "the event's topic (required; \"\": a broadcast)")
-	data := fs.String("data", "", "the event's payload, as JSON (required)")
-	fs.StringVar(&c.typ, "type", "", "the event's type (default message)")
-	fs.StringVar(&c.id, "id", "", "the event's idempotency id")
-	pos, err := parseInterspersed(fs, args)
+	fs.StringVar(&c.key, "key", "", "the publish `key` (required)")
+	fs.StringVar(&c.topic, "topic", "", "the event's `topic` (required; \"\": a broadcast)")
+	data := fs.String("data", "", "the event's payload, as `JSON` (required; a string is quoted: '\"text\"')")
+	fs.StringVar(&c.typ, "type", "", "the event's `type` (default message)")
+	fs.StringVar(&c.id, "id", "", "the event's idempotency `id` (default: a fresh one; give your own to retry safely)")
+	pos, err := parseFlags(fs, args, publishUsage, help)
 	if err != nil {
-		return c, errors.New(flagError(err))
+		return c, err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -62,7 +74,7 @@ func parsePublish(args []string) (publishConfig, error) {
 // publish runs `replayd publish`: one POST /publish, its answer printed;
 // exit status 0 only on 200.
 func publish(args []string, stdout, stderr io.Writer) int {
-	c, err := parsePublish(args)
+	c, err := parsePublish(args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}

@@ -115,6 +115,17 @@ print(json.dumps([
 	}
 }
 
+// publishCodes is the code each 401 and 403 of TestPublishRefusals gets;
+// the other refusals carry none.
+var publishCodes = map[string]string{
+	"no key":                           "key_missing",
+	"unknown key":                      "key_unknown",
+	"key prefix":                       "key_unknown",
+	"topic outside the key's patterns": "topic_not_allowed",
+	"broadcast without *":              "broadcast_not_allowed",
+	"form topic outside the patterns":  "topic_not_allowed",
+}
+
 // Every refusal of POST /publish: its status and a JSON error.
 func TestPublishRefusals(t *testing.T) {
 	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "r.db")), "--max-body", "2MiB")...)
@@ -147,10 +158,22 @@ func TestPublishRefusals(t *testing.T) {
 			if status != tc.status || json.Unmarshal(b, &e) != nil || e.Error == "" {
 				t.Errorf("%d %.200s, want %d with a JSON error", status, b, tc.status)
 			}
+			if want := publishCodes[tc.name]; e.Code != want {
+				t.Errorf("%d %.200s: code %q, want %q", status, b, e.Code, want)
+			}
 		})
 	}
 	if p := pollAll(t, d, ""); len(p.Events) != 0 {
 		t.Errorf("refused publishes stored %d events", len(p.Events))
+	}
+	logs := d.logs.String()
+	for _, code := range []string{"key_missing", "key_unknown", "topic_not_allowed", "broadcast_not_allowed"} {
+		if !strings.Contains(logs, `"level":"INFO","msg":"publish refused","code":"`+code+`"`) {
+			t.Errorf("no info line for %s in\n%s", code, logs)
+		}
+	}
+	if strings.Contains(logs, `"nope"`) || strings.Contains(logs, roomKey) {
+		t.Errorf("a key in the logs:\n%s", logs)
 	}
 	// An array: each item stored or refused on its own.
 	status, b := post(t, http.DefaultClient, d.base, roomKey, "", `[{"topic":"room-1","data":1,"id":"a"},{"topic":"lobby","data":2},{"topic":"room-1","data":3,"id":"a"},{"topic":"room-2","type":"","data":4}]`)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -322,5 +323,123 @@ func TestTailUnknownCursorGap(t *testing.T) {
 				t.Errorf("after SIGTERM: %v", err)
 			}
 		})
+	}
+}
+
+// A state file replayd tail could not have written is refused with exit
+// status 2 and one line naming it, and left as it is: a negative or
+// missing cursor would move the tail silently (to the head, skipping
+// events without a gap, or back to the start). An empty file is no state
+// yet: the tail starts from --cursor.
+func TestTailRefusesBadState(t *testing.T) {
+	d := start(t, nil, serveArgs(t, filepath.Join(t.TempDir(), "b.db"))...)
+	seq := publish(t, d.base, "pub-b", "b0", "first").Sequence
+	for _, content := range []string{
+		`{"cursor":-5}`, `{"cursor":-1}`, `{}`, `null`, `[]`, `"x"`, `7`, `garbage`,
+		`{"cursor":1.5}`, `{"cursor":"5"}`, `{"cursor":1,"extra":true}`, `{"cursor":1}{"cursor":2}`, "{\"cursor\":\n",
+	} {
+		t.Run(content, func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "s.json")
+			if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tl := startTail(t, d.base, "--topic", "pub-b", "--state", state)
+			select {
+			case l, ok := <-tl.lines:
+				if ok {
+					t.Fatalf("the state was taken: printed %s", l.raw)
+				}
+				<-tl.done
+			case <-time.After(waitFor):
+				t.Fatalf("still running %v after starting with the state %q", waitFor, content)
+			}
+			var ee *exec.ExitError
+			if !errors.As(tl.err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit: %v, want status 2", tl.err)
+			}
+			lines := strings.Split(strings.TrimSpace(tl.stderr.String()), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], "--state") || !strings.Contains(lines[0], state) {
+				t.Errorf("stderr %q: want one line naming --state and the file", tl.stderr.String())
+			}
+			if b, _ := os.ReadFile(state); string(b) != content {
+				t.Errorf("the state file now holds %q", b)
+			}
+		})
+	}
+	for _, content := range []string{"", " \n"} {
+		t.Run(fmt.Sprintf("empty %q", content), func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "s.json")
+			if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tl := startTail(t, d.base, "--topic", "pub-b", "--state", state, "--cursor", "0")
+			if l := tl.next(t); l.Sequence != seq {
+				t.Fatalf("line %s: want sequence %d", l.raw, seq)
+			}
+			if _, err := tl.signal(t, syscall.SIGTERM); err != nil {
+				t.Fatalf("after SIGTERM: %v", err)
+			}
+			if got := readState(t, state); got != seq {
+				t.Errorf("state holds %d, want %d", got, seq)
+			}
+		})
+	}
+}
+
+// waitStderr waits until the tail's stderr holds s, and returns it.
+func waitStderr(t *testing.T, tl *tailer, s string) string {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	timeout := time.After(waitFor)
+	for {
+		if e := tl.stderr.String(); strings.Contains(e, s) {
+			return e
+		}
+		select {
+		case <-tick.C:
+		case <-tl.done:
+			t.Fatalf("replayd tail exited (%v) without %q on stderr: %s", tl.err, s, tl.stderr.String())
+		case <-timeout:
+			t.Fatalf("no %q on stderr within %v: %q", s, waitFor, tl.stderr.String())
+		}
+	}
+}
+
+// A tail that cannot connect says so on stderr once, not at every retry,
+// and "connected" when the server comes up; a refusal no retry can fix
+// (401) ends it with exit status 1, naming the refusal.
+func TestTailReportsConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there until the server starts
+	tl := startTail(t, "http://"+addr, "--topic", "pub-c", "--transport", "sse")
+	waitStderr(t, tl, "cannot connect to http://"+addr+"/events")
+	time.Sleep(2 * time.Second) // the scenario: a server down for a while, retried several times meanwhile
+	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "c.db")), "--listen", addr)...)
+	e := waitStderr(t, tl, "replayd tail: connected\n")
+	if n := strings.Count(e, "cannot connect"); n != 1 || !strings.HasSuffix(e, "replayd tail: connected\n") {
+		t.Errorf("stderr %q: want one cannot connect line, then connected", e)
+	}
+	seq := publish(t, d.base, "pub-c", "c0", 0).Sequence
+	if l := tl.next(t); l.Sequence != seq {
+		t.Fatalf("line %s: want sequence %d", l.raw, seq)
+	}
+	if _, err := tl.signal(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("after SIGTERM: %v", err)
+	}
+
+	tl = startTail(t, d.base, "--topic", "room-1")
+	select {
+	case <-tl.done:
+	case <-time.After(waitFor):
+		t.Fatalf("a tail refused with 401 still running after %v", waitFor)
+	}
+	var ee *exec.ExitError
+	if !errors.As(tl.err, &ee) || ee.ExitCode() != 1 || !strings.Contains(tl.stderr.String(), "401") {
+		t.Errorf("refused: %v, stderr %q; want exit 1 naming the 401", tl.err, tl.stderr.String())
 	}
 }

@@ -1,10 +1,13 @@
 package main_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -192,4 +195,168 @@ func postEvent(base, topic, id string, data any) (int64, error) {
 		return 0, fmt.Errorf("publish %s: %d %v %+v", id, resp.StatusCode, err, a)
 	}
 	return a.Sequence, nil
+}
+
+// Lines larger than a pipe takes at once can be torn by a kill: runs of
+// `replayd tail --state` share one stdout pipe (as in a shell loop) read
+// slowly (8 KiB every 2 ms), and each is SIGKILLed while it is in the
+// middle of writing a ~512 KB line. The next run ends the fragment with a
+// newline before anything else, so every line is one JSON object, or a
+// fragment that does not parse and is a prefix of the line after it (the
+// same event again): a consumer that skips lines that do not parse loses
+// nothing.
+func TestTailStateLargeLinesSurviveSIGKILL(t *testing.T) {
+	const kills = 5
+	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "l.db")), "--replay-limit", "100000")...)
+	state := filepath.Join(t.TempDir(), "s.json")
+	var want []int64
+	for i := range 24 {
+		var data any = i
+		if i%4 != 0 {
+			data = fmt.Sprint(i, strings.Repeat("€", 170_000)) // ~510 KB, a fragment may cut a character
+		}
+		seq, err := postEvent(d.base, "pub-l", fmt.Sprint("l", i), data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, seq)
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	// The consumer: what it read, and in order, each complete line and
+	// each time it is 16 KiB into a line it has not seen the end of.
+	type seen struct {
+		line []byte // nil: deep into an unfinished line
+	}
+	events := make(chan seen, 4096)
+	var all bytes.Buffer // the whole stream, read once events is closed
+	go func() {
+		defer close(events)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		buf := make([]byte, 8<<10)
+		var cur []byte
+		deep := false
+		for range tick.C {
+			n, err := pr.Read(buf)
+			all.Write(buf[:n])
+			for _, b := range buf[:n] {
+				if b == '\n' {
+					events <- seen{line: append([]byte{}, cur...)}
+					cur, deep = cur[:0], false
+					continue
+				}
+				cur = append(cur, b)
+			}
+			if !deep && len(cur) >= 16<<10 {
+				deep = true
+				events <- seen{}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	next := func() seen {
+		t.Helper()
+		select {
+		case s, ok := <-events:
+			if !ok {
+				t.Fatal("the consumer's pipe ended")
+			}
+			return s
+		case <-time.After(waitFor):
+			t.Fatalf("nothing read within %v", waitFor)
+		}
+		return seen{}
+	}
+	run := func() (*exec.Cmd, chan error, *syncBuffer) {
+		t.Helper()
+		cmd := exec.Command(bin, "tail", d.base, "--topic", "pub-l", "--state", state, "--transport", "sse")
+		stderr := &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = pw, stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		t.Cleanup(func() { cmd.Process.Kill(); <-done })
+		return cmd, done, stderr
+	}
+	wait := func(done chan error, stderr *syncBuffer) error {
+		t.Helper()
+		select {
+		case err := <-done:
+			done <- err
+			return err
+		case <-time.After(waitFor):
+			t.Fatalf("replayd tail still running after %v; stderr: %s", waitFor, stderr.String())
+		}
+		return nil
+	}
+	for r := range kills {
+		cmd, done, stderr := run()
+		for parsed := 0; parsed < 1+r%2; {
+			if s := next(); s.line != nil && json.Valid(s.line) {
+				parsed++
+			}
+		}
+		for next().line != nil {
+		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		if err := wait(done, stderr); err == nil {
+			t.Fatalf("run %d: exit status 0 after SIGKILL", r)
+		}
+	}
+	cmd, done, stderr := run()
+	for {
+		var l tailLine
+		if s := next(); s.line != nil && json.Unmarshal(s.line, &l) == nil && l.Sequence == want[len(want)-1] {
+			break
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := wait(done, stderr); err != nil {
+		t.Fatalf("last run after SIGTERM: %v; stderr: %s", err, stderr.String())
+	}
+	pw.Close()
+	for range events {
+	}
+
+	lines := strings.Split(strings.TrimSuffix(all.String(), "\n"), "\n")
+	var got []int64
+	fragments, blanks := 0, 0
+	for i, l := range lines {
+		var tl tailLine
+		switch {
+		case l == "":
+			blanks++
+		case json.Unmarshal([]byte(l), &tl) == nil:
+			if tl.Gap != nil {
+				t.Fatalf("line %d: a gap %.200s", i, l)
+			}
+			if len(got) > 0 && tl.Sequence < got[len(got)-1] {
+				t.Fatalf("line %d: sequence %d after %d", i, tl.Sequence, got[len(got)-1])
+			}
+			if len(got) == 0 || tl.Sequence != got[len(got)-1] {
+				got = append(got, tl.Sequence)
+			}
+		default:
+			fragments++
+			if i+1 == len(lines) || !strings.HasPrefix(lines[i+1], l) || !json.Valid([]byte(lines[i+1])) {
+				t.Fatalf("line %d (%d bytes, %.60q…) does not parse and is not a prefix of the whole line after it", i, len(l), l)
+			}
+		}
+	}
+	if fragments != kills {
+		t.Errorf("%d torn lines, want %d (one per kill)", fragments, kills)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("printed sequences %v, want %v", got, want)
+	}
+	t.Logf("%d lines, %d MB, %d torn by %d kills, %d blank", len(lines), all.Len()>>20, fragments, kills, blanks)
 }

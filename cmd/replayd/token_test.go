@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -80,12 +82,53 @@ func TestSubscriberTokens(t *testing.T) {
 				c.Close()
 			}
 			// Poll.
-			resp, _ := wiretest.Do(t, http.DefaultClient, http.MethodGet, d.base+"/poll?"+tc.query, tc.header, waitFor)
+			resp, body := wiretest.Do(t, http.DefaultClient, http.MethodGet, d.base+"/poll?"+tc.query, tc.header, waitFor)
 			if resp.StatusCode != tc.status {
 				t.Errorf("poll: %d, want %d", resp.StatusCode, tc.status)
 			}
+			// A refusal names the check that failed, on both transports.
+			if tc.status == 200 {
+				return
+			}
+			resp, sseBody := wiretest.Do(t, http.DefaultClient, http.MethodGet, d.base+"/events?"+tc.query, tc.header, waitFor)
+			for _, b := range [][]byte{body, sseBody} {
+				var e struct{ Error, Code string }
+				if err := json.Unmarshal(b, &e); err != nil || e.Code != refusalCodes[tc.name] || e.Error == "" {
+					t.Errorf("body %q: want code %q and a message", b, refusalCodes[tc.name])
+				}
+			}
+			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("SSE refusal Content-Type %q", ct)
+			}
 		})
 	}
+	// Refusals are logged at info with their code, without the token.
+	logs := d.logs.String()
+	if !strings.Contains(logs, `"level":"INFO","msg":"subscribe refused","code":"token_expired"`) {
+		t.Errorf("no info line for the expired token's refusal in\n%s", logs)
+	}
+	if strings.Contains(logs, rooms) || strings.Contains(logs, "access_token") {
+		t.Errorf("a token in the logs:\n%s", logs)
+	}
+}
+
+// refusalCodes is the code each refused case of TestSubscriberTokens gets.
+var refusalCodes = map[string]string{
+	"no token":                           "token_missing",
+	"public and private without a token": "token_missing",
+	"global scope without a token":       "token_missing",
+	"topic outside the patterns":         "topic_not_covered",
+	"one of two topics outside":          "topic_not_covered",
+	"global scope needs *":               "topic_not_covered",
+	"wrong signature":                    "token_signature_invalid",
+	"expired":                            "token_expired",
+	"no exp":                             "token_claim_missing",
+	"not yet valid":                      "token_not_yet_valid",
+	"wrong issuer":                       "token_issuer_invalid",
+	"wrong audience":                     "token_audience_invalid",
+	"alg none":                           "token_signature_invalid",
+	"garbage":                            "token_malformed",
+	"publish key as a token":             "token_malformed",
 }
 
 // noneToken is an unsigned token (alg none) claiming everything.

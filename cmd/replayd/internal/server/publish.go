@@ -39,6 +39,7 @@ type publishAnswer struct {
 // errorAnswer is every refusal's body.
 type errorAnswer struct {
 	Error   string `json:"error"`
+	Code    string `json:"code,omitempty"`    // which check refused, for 401 and 403 (docs/server.md)
 	Outcome string `json:"outcome,omitempty"` // "unknown": retry with the same id
 	status  int
 }
@@ -59,8 +60,13 @@ func (p *publishHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	pats, ok := p.keys.lookup(r)
 	if !ok {
+		e := errorAnswer{Error: "an unknown publish key", Code: "key_unknown"}
+		if _, given := bearer(r); !given {
+			e = errorAnswer{Error: "no publish key: send Authorization: Bearer KEY", Code: "key_missing"}
+		}
+		p.log.Info("publish refused", "code", e.Code, "remote", r.RemoteAddr)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="replayd publish"`)
-		writeJSON(w, http.StatusUnauthorized, errorAnswer{Error: "no or unknown publish key"})
+		writeJSON(w, http.StatusUnauthorized, e)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.maxBody))
@@ -89,6 +95,9 @@ func (p *publishHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for i, it := range items {
 		if e := p.check(it, pats); e != nil {
 			answers[i] = *e
+			if e.Code != "" {
+				p.log.Info("publish refused", "code", e.Code, "topic", it.Topic, "item", i, "remote", r.RemoteAddr)
+			}
 			continue
 		}
 		evs = append(evs, replayd.Event{EventID: it.ID, Type: it.Type, Topic: it.Topic, Payload: it.Data})
@@ -122,9 +131,9 @@ func (p *publishHandler) check(it publishItem, pats Patterns) *errorAnswer {
 		return &errorAnswer{Error: fmt.Sprintf("data over %d bytes", maxData), status: http.StatusRequestEntityTooLarge}
 	case !pats.Match(it.Topic):
 		if it.Topic == "" {
-			return &errorAnswer{Error: "this key may not broadcast (a broadcast needs the pattern *)", status: http.StatusForbidden}
+			return &errorAnswer{Error: "this key may not broadcast (a broadcast needs the pattern *)", Code: "broadcast_not_allowed", status: http.StatusForbidden}
 		}
-		return &errorAnswer{Error: "this key may not publish to this topic", status: http.StatusForbidden}
+		return &errorAnswer{Error: "this key may not publish to this topic", Code: "topic_not_allowed", status: http.StatusForbidden}
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 			log.Warn(fmt.Sprintf("publish key shorter than %d bytes: easy to guess; make one with openssl rand -hex 32", minKeyLen), "publish_key", i+1)
 		}
 	}
-	subs := &subscribers{public: c.PublicTopics}
+	subs := &subscribers{public: c.PublicTopics, log: log}
 	if c.TokenKeyFile != "" {
 		v, err := loadVerifier(c)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"sync"
@@ -120,6 +121,8 @@ func requestToken(r *http.Request) (string, bool) {
 type access struct {
 	present bool         // the request presented a token
 	claims  *tokenClaims // nil: no valid token
+	err     error        // why the token is not valid, when present
+	refused *refusal     // set by authorize for the answer's body
 }
 
 type accessKey struct{}
@@ -130,6 +133,7 @@ type subscribers struct {
 	public   Patterns
 	expiries expiries        // contexts ending at token expiries
 	stopping context.Context // done at shutdown: ends every stream and waiting poll
+	log      *slog.Logger    // refusals, at info
 }
 
 // wrap verifies the request's token, if any, and makes its stream or
@@ -137,15 +141,16 @@ type subscribers struct {
 func (s *subscribers) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := replayd.WithRevocation(r.Context(), s.stopping)
-		var a access
+		a := access{refused: &refusal{}}
 		if tok, ok := requestToken(r); ok {
 			a.present = true
-			if s.verifier != nil {
-				if c, err := s.verifier.verify(tok); err == nil {
-					a.claims = c
-				}
+			if s.verifier == nil {
+				a.err = errNoTokenKey
+			} else {
+				a.claims, a.err = s.verifier.verify(tok)
 			}
 		}
+		w = &refusalWriter{ResponseWriter: w, ref: a.refused}
 		if a.claims != nil && a.claims.ExpiresAt != nil {
 			ctx = replayd.WithRevocation(ctx, s.expiries.at(a.claims.ExpiresAt.Time))
 		}
@@ -168,23 +173,98 @@ func (s *subscribers) authorize(r *http.Request, topics []string) error {
 			break
 		}
 	}
+	ref := a.refused
+	if ref == nil {
+		ref = &refusal{}
+	}
 	switch {
 	case !private:
 		return nil
 	case !a.present:
-		return fmt.Errorf("no token: %w", replayd.ErrUnauthenticated)
+		*ref = refusal{"token_missing", "no token: these topics need one (Authorization: Bearer, access_token or the replayd_token cookie)"}
 	case a.claims == nil:
-		return fmt.Errorf("bad token: %w", replayd.ErrUnauthenticated)
-	}
-	for _, t := range scope {
-		if !s.public.Match(t) && !a.claims.Topics.Match(t) {
-			return errForbidden
+		*ref = tokenRefusal(a.err)
+	default:
+		for _, t := range scope {
+			if !s.public.Match(t) && !a.claims.Topics.Match(t) {
+				*ref = refusal{"topic_not_covered", fmt.Sprintf("the token does not cover the topic %q", t)}
+				break
+			}
 		}
 	}
-	return nil
+	if ref.code == "" {
+		return nil
+	}
+	s.log.Info("subscribe refused", "code", ref.code, "topics", topics, "remote", r.RemoteAddr)
+	if ref.code == "topic_not_covered" {
+		return errForbidden
+	}
+	return fmt.Errorf("%s: %w", ref.code, replayd.ErrUnauthenticated)
 }
 
-var errForbidden = errors.New("the token does not cover the topics")
+var (
+	errForbidden  = errors.New("the token does not cover the topics")
+	errNoTokenKey = errors.New("this server has no --token-key: only public topics can be read")
+)
+
+// A refusal names the check a subscriber's request failed: its code is
+// stable (docs/server.md lists them), its message says it to a person.
+type refusal struct{ code, msg string }
+
+// tokenRefusal is the refusal of a token that did not verify.
+func tokenRefusal(err error) refusal {
+	for _, c := range []struct {
+		err  error
+		code string
+	}{
+		{errNoTokenKey, "token_key_missing"},
+		{jwt.ErrTokenMalformed, "token_malformed"},
+		{jwt.ErrTokenSignatureInvalid, "token_signature_invalid"},
+		{jwt.ErrTokenUnverifiable, "token_signature_invalid"},
+		{jwt.ErrTokenExpired, "token_expired"},
+		{jwt.ErrTokenNotValidYet, "token_not_yet_valid"},
+		{jwt.ErrTokenUsedBeforeIssued, "token_not_yet_valid"},
+		{jwt.ErrTokenRequiredClaimMissing, "token_claim_missing"},
+		{jwt.ErrTokenInvalidIssuer, "token_issuer_invalid"},
+		{jwt.ErrTokenInvalidAudience, "token_audience_invalid"},
+	} {
+		if errors.Is(err, c.err) {
+			return refusal{c.code, err.Error()}
+		}
+	}
+	return refusal{"token_invalid", "the token is not valid"}
+}
+
+// refusalWriter answers a request authorize refused with a JSON body
+// naming the refusal, {"error":message,"code":code}, instead of the hub's
+// fixed text; anything else passes through (Unwrap: flushes and
+// hijacking reach the connection).
+type refusalWriter struct {
+	http.ResponseWriter
+	ref  *refusal
+	done bool // the refusal is written: the hub's text is dropped
+}
+
+func (w *refusalWriter) WriteHeader(status int) {
+	if w.done || w.ref.code == "" || status != http.StatusUnauthorized && status != http.StatusForbidden {
+		w.ResponseWriter.WriteHeader(status)
+		return
+	}
+	w.done = true
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="replayd"`)
+	}
+	writeJSON(w.ResponseWriter, status, errorAnswer{Error: w.ref.msg, Code: w.ref.code})
+}
+
+func (w *refusalWriter) Write(b []byte) (int, error) {
+	if w.done {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *refusalWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // expiries hands out contexts that end at a token's expiry, one per second
 // of expiry shared by every request whose token expires then: a stream may
