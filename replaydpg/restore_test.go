@@ -21,22 +21,35 @@ import (
 // restored with pg_restore into a fresh database, and a node opening it.
 func TestRestoreFromDump(t *testing.T) {
 	t.Parallel()
-	pgDump, pgRestore := pgTool(t, "pg_dump"), pgTool(t, "pg_restore")
-	dsn, prefix := testDSN(t), testPrefix(t)
-	dump := filepath.Join(t.TempDir(), "log.dump")
-	hubtest.CheckRestore(t, hubtest.Restore{
-		Open: func() *replayd.EventHub { return hubOn(t, openPrefixDSN(t, prefix, dsn)) },
+	r, d := dumpedLog(t)
+	r.Restore = func(h *replayd.EventHub) *replayd.EventHub {
+		h.Close()
+		restored := freshDatabase(t)
+		run(t, d.pgRestore, "-d", restored, "--no-owner", d.file)
+		return hubOn(t, openPrefixDSN(t, d.prefix, restored))
+	}
+	hubtest.CheckRestore(t, r)
+}
+
+// dump is where dumpedLog's Backup dumps the log's tables, and with what
+// to restore them.
+type dump struct {
+	dsn, prefix, file, pgRestore string
+}
+
+// dumpedLog is the Open and Backup of a hubtest.Restore on PostgreSQL: a
+// node on a log of its own, and pg_dump of the log's tables while it runs.
+func dumpedLog(t *testing.T) (hubtest.Restore, dump) {
+	pgDump := pgTool(t, "pg_dump")
+	d := dump{dsn: testDSN(t), prefix: testPrefix(t),
+		file: filepath.Join(t.TempDir(), "log.dump"), pgRestore: pgTool(t, "pg_restore")}
+	return hubtest.Restore{
+		Open: func() *replayd.EventHub { return hubOn(t, openPrefixDSN(t, d.prefix, d.dsn)) },
 		Backup: func(h *replayd.EventHub) *replayd.EventHub {
-			run(t, pgDump, "-d", dsn, "-Fc", "-t", prefix+"*", "-f", dump)
+			run(t, pgDump, "-d", d.dsn, "-Fc", "-t", d.prefix+"*", "-f", d.file)
 			return h
 		},
-		Restore: func(h *replayd.EventHub) *replayd.EventHub {
-			h.Close()
-			restored := freshDatabase(t)
-			run(t, pgRestore, "-d", restored, "--no-owner", dump)
-			return hubOn(t, openPrefixDSN(t, prefix, restored))
-		},
-	})
+	}, d
 }
 
 // Log identity on PostgreSQL when the log is restored in place, under its
@@ -47,27 +60,19 @@ func TestRestoreFromDump(t *testing.T) {
 // prepared statements.
 func TestRestoreInPlace(t *testing.T) {
 	t.Parallel()
-	pgDump, pgRestore := pgTool(t, "pg_dump"), pgTool(t, "pg_restore")
-	dsn, prefix := testDSN(t), testPrefix(t)
-	dump := filepath.Join(t.TempDir(), "log.dump")
-	hubtest.CheckRestore(t, hubtest.Restore{
-		Open: func() *replayd.EventHub { return hubOn(t, openPrefixDSN(t, prefix, dsn)) },
-		Backup: func(h *replayd.EventHub) *replayd.EventHub {
-			run(t, pgDump, "-d", dsn, "-Fc", "-t", prefix+"*", "-f", dump)
-			return h
-		},
-		Restore: func(h *replayd.EventHub) *replayd.EventHub {
-			tables := []string{"events", "head", "watermarks", "skips", "outbox"}
-			for i, tb := range tables {
-				tables[i] = prefix + tb
-			}
-			if _, err := testPool(t).Exec(t.Context(), "TRUNCATE "+strings.Join(tables, ", ")); err != nil {
-				t.Fatal(err)
-			}
-			run(t, pgRestore, "-d", dsn, "--data-only", "--no-owner", dump)
-			return h
-		},
-	})
+	r, d := dumpedLog(t)
+	r.Restore = func(h *replayd.EventHub) *replayd.EventHub {
+		tables := []string{"events", "head", "watermarks", "skips", "outbox"}
+		for i, tb := range tables {
+			tables[i] = d.prefix + tb
+		}
+		if _, err := testPool(t).Exec(t.Context(), "TRUNCATE "+strings.Join(tables, ", ")); err != nil {
+			t.Fatal(err)
+		}
+		run(t, d.pgRestore, "-d", d.dsn, "--data-only", "--no-owner", d.file)
+		return h
+	}
+	hubtest.CheckRestore(t, r)
 }
 
 // A head row lost (deleted by an operator, left out of a partial restore)
