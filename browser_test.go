@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -102,31 +101,11 @@ func (s browserPageState) ofType(typ string) []browserRecord {
 	return out
 }
 
-// browserExecPath finds Chromium, or skips the test (fails it when
-// REPLAYD_BROWSER_TESTS=1).
-func browserExecPath(t *testing.T) string {
-	t.Helper()
-	if _, err := os.Stat("/usr/bin/chromium"); err == nil {
-		return "/usr/bin/chromium"
-	}
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	const msg = "Chromium not found (/usr/bin/chromium or chromium on PATH); install it with `apt-get install -y chromium` to run the browser tests"
-	if os.Getenv("REPLAYD_BROWSER_TESTS") == "1" {
-		t.Fatal(msg + " (REPLAYD_BROWSER_TESTS=1)")
-	}
-	t.Skip(msg)
-	return ""
-}
-
 // browserStart starts one headless Chromium for the test and its subtests
 // and stops it, and its processes, at the end.
 func browserStart(t *testing.T) context.Context {
 	t.Helper()
-	execPath := browserExecPath(t)
+	execPath := headless.ExecPath(t)
 	dataDir := filepath.Join(t.TempDir(), "chromium-profile")
 	// Registered before the browser's cleanup, so it runs after it: the
 	// profile is removed once the browser is gone, retrying while its

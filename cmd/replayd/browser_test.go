@@ -13,13 +13,14 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/replayd/replayd/internal/headless"
 )
 
 // Chromium, through the browser module the server serves, with a token
 // from params: events published with POST /publish arrive once, in order,
 // also after the stream's token expired and the module fetched a fresh one.
-// Runs with REPLAYD_BROWSER_TESTS=1 (Chromium at /usr/bin/chromium or
-// $REPLAYD_CHROMIUM).
+// Runs whenever Chromium is found (headless.ExecPath); mandatory with
+// REPLAYD_BROWSER_TESTS=1.
 func TestBrowserModuleWithTokens(t *testing.T) {
 	tab := chromium(t)
 	d := start(t, nil, append(serveArgs(t, filepath.Join(t.TempDir(), "b.db")), "--retry", "100ms")...)
@@ -64,16 +65,10 @@ func TestBrowserModuleWithTokens(t *testing.T) {
 }
 
 // chromium starts a headless Chromium for the test and returns its tab;
-// without REPLAYD_BROWSER_TESTS=1 the test is skipped.
+// without Chromium the test is skipped (fails with REPLAYD_BROWSER_TESTS=1).
 func chromium(t *testing.T) context.Context {
 	t.Helper()
-	if os.Getenv("REPLAYD_BROWSER_TESTS") != "1" {
-		t.Skip("set REPLAYD_BROWSER_TESTS=1 to run the Chromium tests")
-	}
-	exe := os.Getenv("REPLAYD_CHROMIUM")
-	if exe == "" {
-		exe = "/usr/bin/chromium"
-	}
+	exe := headless.ExecPath(t)
 	profile, err := os.MkdirTemp("", "replayd-chromium")
 	if err != nil {
 		t.Fatal(err)

@@ -76,14 +76,19 @@ func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, logger, *addr, *dbPath, *every); err != nil {
+	ln, err := net.Listen("tcp", *addr)
+	if err == nil {
+		err = run(ctx, logger, ln, *dbPath, *every)
+	}
+	if err != nil {
 		logger.Error("browser demo", "err", err)
 		stop()
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, logger *slog.Logger, addr, dbPath string, every time.Duration) error {
+// run serves the demo on ln until ctx ends.
+func run(ctx context.Context, logger *slog.Logger, ln net.Listener, dbPath string, every time.Duration) error {
 	if dbPath == "" {
 		dir, err := os.MkdirTemp("", "replayd-browser-")
 		if err != nil {
@@ -131,10 +136,6 @@ func run(ctx context.Context, logger *slog.Logger, addr, dbPath string, every ti
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("GET /readyz", hub.ReadyHandler())
 
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

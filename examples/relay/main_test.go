@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -94,14 +92,7 @@ const relayWaitFor = 20 * time.Second
 // relayBrowser starts a headless Chromium for the test.
 func relayBrowser(t *testing.T) context.Context {
 	t.Helper()
-	path, err := exec.LookPath("chromium")
-	if err != nil {
-		if os.Getenv("REPLAYD_BROWSER_TESTS") == "1" {
-			t.Fatal("chromium not found (REPLAYD_BROWSER_TESTS=1)")
-		}
-		t.Skip("chromium not found")
-	}
-	ctx, stop, err := headless.Start(path, t.TempDir(), t.Logf, relayWaitFor)
+	ctx, stop, err := headless.Start(headless.ExecPath(t), t.TempDir(), t.Logf, relayWaitFor)
 	if err != nil {
 		t.Fatal(err)
 	}
