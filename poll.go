@@ -452,6 +452,12 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 			if n := len(pg.Events); n > 0 {
 				ans.Cursor = pg.Events[n-1].Sequence
+			} else if ans.Gap != nil {
+				// A pruned gap with no event after it: the cursor moves
+				// past the range it names, which holds nothing more for
+				// the scope, so the next poll is held rather than answered
+				// the same gap again at once.
+				ans.Cursor = pg.Watermark
 			}
 			ans.More = pg.More
 			return ans, http.StatusOK, nil

@@ -124,6 +124,7 @@ var subtests = []struct {
 	{"PollBadParameters", testPollBadParameters},
 	{"PollPagingAndClamping", testPollPagingAndClamping},
 	{"PollGaps", testPollGaps},
+	{"PollPrunedGapAlone", testPollPrunedGapAlone},
 	{"PollLongPollWokenByPublish", testPollLongPollWokenByPublish},
 	{"PollCloseAnswersWaitingPolls", testPollCloseAnswersWaitingPolls},
 	{"PollAndSSEShareTheCursor", testPollAndSSEShareTheCursor},

@@ -161,6 +161,38 @@ func testPollPagingAndClamping(t *testing.T, newLog func(t *testing.T) opener) {
 	}
 }
 
+// testPollPrunedGapAlone: a scope whose every event above the cursor was
+// pruned gets its pruned gap once, with the cursor moved past the gap's
+// range; the long poll sent back from there is held, not answered the same
+// gap again at once (which would make a client poll in a hot loop).
+func testPollPrunedGapAlone(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	h := open(replayd.Options{})
+	base := wiretest.ServePoll(t, h)
+	b := headOf(t, h)
+	for i := range 6 {
+		mustPublish(t, h, []string{"a", "b"}[i/3], i) // 1..6: a a a b b b
+	}
+	if _, err := h.Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 3}); err != nil {
+		t.Fatal(err) // deletes 1..3, every event of a
+	}
+	p := wiretest.Poll(t, base, fmt.Sprintf("topic=a&cursor=%d&wait=5", b))
+	if p.Gap == nil || p.Gap.Reason != "pruned" || *p.Gap.MissedThrough != b+3 || len(p.Events) != 0 {
+		t.Fatalf("a, all pruned: %+v", p)
+	}
+	if p.Cursor != b+3 {
+		t.Fatalf("a pruned gap alone left the cursor at %d, want the gap's missedThrough %d", p.Cursor, b+3)
+	}
+	start := time.Now()
+	again := wiretest.Poll(t, base, fmt.Sprintf("topic=a&cursor=%d&wait=0.3", p.Cursor))
+	if again.Gap != nil || len(again.Events) != 0 || again.Cursor != b+3 {
+		t.Fatalf("the poll sent back after the gap: %+v", again)
+	}
+	if waited := time.Since(start); waited < 250*time.Millisecond {
+		t.Fatalf("the poll sent back after the gap was answered after %v, not held", waited)
+	}
+}
+
 func testPollGaps(t *testing.T, newLog func(t *testing.T) opener) {
 	open := newLog(t)
 	h := open(replayd.Options{})
