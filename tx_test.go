@@ -158,22 +158,34 @@ func beginPublishTx(t *testing.T, db *sql.DB, h *EventHub, id int) (*sql.Tx, Eve
 	return tx, ev
 }
 
-// TestPublishTxLateCommit: a transaction the application commits itself
-// long after its publish, past the watch's window (shortened here from
-// 30 s), is still delivered to a live client soon after the commit, with
-// no tail and no other publish; then the watch ends.
-func TestPublishTxLateCommit(t *testing.T) {
-	const window = 200 * time.Millisecond
-	setTxWatchFor(t, window)
+// lateTxWindow is the watch's window in the late-transaction tests,
+// shortened from 30 s (lateTxHub).
+const lateTxWindow = 200 * time.Millisecond
+
+// lateTxHub is a hub whose commit watch has a window of lateTxWindow, on a file
+// with the orders table, and a live SSE client of topic orders past its
+// hello.
+func lateTxHub(t *testing.T) (*EventHub, *sql.DB, *wiretest.Client) {
+	t.Helper()
+	setTxWatchFor(t, lateTxWindow)
 	db, _ := openTestDB(t)
 	ordersTable(t, db)
 	h := newTestHub(t, db, Options{})
 	c := wiretest.Dial(t, serve(t, h).URL+"?topic=orders", nil)
 	c.Hello()
+	return h, db, c
+}
+
+// TestPublishTxLateCommit: a transaction the application commits itself
+// long after its publish, past the watch's window (shortened here from
+// 30 s), is still delivered to a live client soon after the commit, with
+// no tail and no other publish; then the watch ends.
+func TestPublishTxLateCommit(t *testing.T) {
+	h, db, c := lateTxHub(t)
 
 	tx, ev := beginPublishTx(t, db, h, 7)
 	published := time.Now()
-	c.Quiet(5 * window) // open past the window: nothing is delivered
+	c.Quiet(5 * lateTxWindow) // open past the window: nothing is delivered
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -198,16 +210,10 @@ func TestPublishTxLateCommit(t *testing.T) {
 // reads the log once no transaction is left to watch. A publish after it
 // follows with no gap.
 func TestPublishTxLateRollback(t *testing.T) {
-	const window = 200 * time.Millisecond
-	setTxWatchFor(t, window)
-	db, _ := openTestDB(t)
-	ordersTable(t, db)
-	h := newTestHub(t, db, Options{})
-	c := wiretest.Dial(t, serve(t, h).URL+"?topic=orders", nil)
-	c.Hello()
+	h, db, c := lateTxHub(t)
 
 	tx, _ := beginPublishTx(t, db, h, 7)
-	c.Quiet(3 * window)
+	c.Quiet(3 * lateTxWindow)
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
 	}
