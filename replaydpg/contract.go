@@ -89,14 +89,6 @@ func probeWait(ctx context.Context) time.Duration {
 	return max(left-min(left/5, 100*time.Millisecond), time.Millisecond).Truncate(time.Millisecond)
 }
 
-// EnsureSchema creates the tables if they are missing (Open does it too).
-func (s *Store) EnsureSchema(ctx context.Context) error {
-	if s.isClosed() {
-		return ErrClosed
-	}
-	return s.ensureSchema(ctx, false)
-}
-
 // Read reads, in one REPEATABLE READ READ ONLY transaction (one round
 // trip), the oldest events of the scope above req.After, at most req.Limit
 // (<= 0: 100) and up to req.Through (0: no bound), stopping once they hold

@@ -243,58 +243,6 @@ func dsnSets(dsn, key string) bool {
 	return ok
 }
 
-// ensureSchema creates the tables in one transaction, under an advisory
-// lock so that nodes starting together do not race on CREATE ... IF NOT
-// EXISTS (which is not atomic against itself), then, in a second one,
-// makes sure of the head row (see raiseHead), raising the sequence floor
-// if floor is set. Two transactions, because the first locks the events
-// table (CREATE INDEX IF NOT EXISTS) and an append takes the head row's
-// lock before the table's: taking the head row's after the table's would
-// deadlock with it.
-func (s *Store) ensureSchema(ctx context.Context, floor bool) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := s.schemaLock(ctx, tx); err != nil {
-			return err
-		}
-		for i, stmt := range schema {
-			if _, err := tx.Exec(ctx, render(stmt, s.prefix)); err != nil {
-				return err
-			}
-			if i > 0 {
-				continue
-			}
-			// CREATE TABLE IF NOT EXISTS keeps a table of the same name that
-			// an application made for itself: refuse it rather than fail later.
-			var n int
-			if err := tx.QueryRow(ctx, qSchemaColumns, s.prefix+"events").Scan(&n); err != nil {
-				return err
-			}
-			if n != 8 {
-				return fmt.Errorf("table %sevents exists but is not replayd's", s.prefix)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// The advisory lock first: with the head row missing, another node's
-		// Open would recreate it too.
-		if err := s.schemaLock(ctx, tx); err != nil {
-			return err
-		}
-		return s.raiseHead(ctx, tx, floor)
-	})
-}
-
-// schemaLock takes the advisory lock of the log's schema, held until tx
-// ends.
-func (s *Store) schemaLock(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "replayd schema "+s.prefix)
-	return err
-}
-
 // errHeadUnknown is raiseHead's refusal: the head row was missing or
 // below the log, and the clock cannot put the head above every sequence
 // the log may have issued.
