@@ -2,30 +2,6 @@ package replaydpg
 
 import "strings"
 
-// The head row and the sequence floor (Open; see raiseHead).
-const (
-	// qHeadRow locks the head row, waiting for appends in flight.
-	qHeadRow = `SELECT seq FROM %[1]shead WHERE id = 1 FOR UPDATE`
-
-	// qHighest: the highest sequence that exists or existed, as far as the
-	// tables tell (rows, watermarks, skipped ranges), with the newest row's
-	// global ordinal and created_at, and the server's clock in Unix
-	// microseconds (the same on every node).
-	qHighest = `SELECT greatest(
-			coalesce((SELECT e.sequence FROM %[1]sevents e ORDER BY e.sequence DESC LIMIT 1), 0),
-			coalesce((SELECT max(w.sequence) FROM %[1]swatermarks w), 0),
-			coalesce((SELECT max(k.through) FROM %[1]sskips k), 0)),
-		coalesce((SELECT e.global_ord FROM %[1]sevents e ORDER BY e.sequence DESC LIMIT 1), 0),
-		coalesce((SELECT e.created_at FROM %[1]sevents e ORDER BY e.sequence DESC LIMIT 1), '-infinity'),
-		(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
-
-	qInsertHead = `INSERT INTO %[1]shead (id, seq, ord, created_at) VALUES (1, $1, $2, $3)`
-	qRaiseHead  = `UPDATE %[1]shead SET seq = $1, ord = greatest(ord, $2), created_at = greatest(created_at, $3) WHERE id = 1`
-	qSkip       = `INSERT INTO %[1]sskips (after, through) VALUES ($1, $2)
-		ON CONFLICT (after) DO UPDATE SET through = greatest(%[1]sskips.through, excluded.through)`
-	qJump = `UPDATE %[1]shead SET seq = $1 WHERE id = 1`
-)
-
 const eventColumns = `e.sequence, e.event_id, e.type, e.topic, e.payload, e.created_at`
 
 // Append, sent as one pipeline (one round trip, one implicit transaction).

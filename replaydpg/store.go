@@ -243,65 +243,6 @@ func dsnSets(dsn, key string) bool {
 	return ok
 }
 
-// errHeadUnknown is raiseHead's refusal: the head row was missing or
-// below the log, and the clock cannot put the head above every sequence
-// the log may have issued.
-var errHeadUnknown = errors.New("the head row was missing or below the highest sequence stored, and the server's clock (in microseconds) is not above it: cannot tell which sequences this log issued; set the clock right, or the head row (UPDATE <prefix>head SET seq = …) to a sequence above every one the log ever issued")
-
-// raiseHead, in tx, under the head row's lock (or, if the row is missing,
-// the schema's advisory lock, without which no append can commit): makes
-// sure the head is at or above the highest sequence that exists or existed
-// as far as the tables tell (rows, watermarks, skipped ranges), recreating
-// or raising the head row from them if it was lost or lowered from
-// outside; then, if floor is set, raises the sequence floor: the head to
-// the server's clock in Unix microseconds, if it is below, recording the
-// skipped range. A head row it recreated or raised is followed by a raise
-// of the floor, floor set or not (the tables do not tell what was issued
-// above their highest sequence); if the clock is not above the head, it
-// refuses with errHeadUnknown.
-func (s *Store) raiseHead(ctx context.Context, tx pgx.Tx, floor bool) error {
-	var head int64
-	err := tx.QueryRow(ctx, s.q.headRow).Scan(&head)
-	missing := errors.Is(err, pgx.ErrNoRows)
-	if err != nil && !missing {
-		return err
-	}
-	var (
-		highest, ord, now int64
-		created           pgtype.Timestamptz
-	)
-	if err := tx.QueryRow(ctx, s.q.highest).Scan(&highest, &ord, &created, &now); err != nil {
-		return err
-	}
-	repaired := missing || head < highest
-	switch {
-	case missing:
-		if _, err := tx.Exec(ctx, s.q.insertHead, highest, ord, created); err != nil {
-			return err
-		}
-		head = highest
-	case head < highest:
-		if _, err := tx.Exec(ctx, s.q.raiseHead, highest, ord, created); err != nil {
-			return err
-		}
-		head = highest
-	}
-	if !floor && !repaired {
-		return nil
-	}
-	if now <= head {
-		if repaired && head > 0 {
-			return errHeadUnknown
-		}
-		return nil // the clock is behind: no floor this time
-	}
-	if _, err := tx.Exec(ctx, s.q.skip, head, now); err != nil {
-		return err
-	}
-	_, err = tx.Exec(ctx, s.q.jump, now)
-	return err
-}
-
 // Close stops the listener, if any, and the relay, and closes the pool. Calls in progress
 // may fail; later calls return ErrClosed. It is safe to call more than once.
 func (s *Store) Close() error {
@@ -756,16 +697,6 @@ func (s *Store) WaitForAppend(ctx context.Context, after int64) error {
 		case <-s.ctx.Done():
 			return ErrClosed
 		case <-ch:
-		}
-	}
-}
-
-// saw records that the log issued seq (an append's, or a head read).
-func (s *Store) saw(seq int64) {
-	for {
-		cur := s.issued.Load()
-		if seq <= cur || s.issued.CompareAndSwap(cur, seq) {
-			return
 		}
 	}
 }
