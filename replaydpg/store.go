@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -266,20 +265,6 @@ func (s *Store) isClosed() bool {
 	return s.closed
 }
 
-// Head returns the highest sequence ever assigned; it never goes backwards,
-// whatever retention deletes.
-func (s *Store) Head(ctx context.Context) (int64, error) {
-	if s.isClosed() {
-		return 0, ErrClosed
-	}
-	var head int64
-	if err := s.pool.QueryRow(ctx, s.q.head).Scan(&head); err != nil {
-		return 0, fmt.Errorf("replaydpg: head: %w", err)
-	}
-	s.saw(head)
-	return head, nil
-}
-
 // watermark returns the highest prune watermark of any topic: the highest
 // sequence retention has deleted (0: none).
 func (s *Store) watermark(ctx context.Context) (int64, error) {
@@ -288,79 +273,6 @@ func (s *Store) watermark(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("replaydpg: watermark: %w", err)
 	}
 	return w, nil
-}
-
-func defaultLimit(limit int) int {
-	if limit <= 0 {
-		return 100
-	}
-	return limit
-}
-
-// scopeTopics returns topics sorted without repeats; empty is the global
-// scope. An empty string in a non-empty list is refused: broadcasts are in
-// every scope already, and "" alone would silently widen it to global.
-func scopeTopics(topics []string) ([]string, error) {
-	out := slices.Clone(topics)
-	slices.Sort(out)
-	out = slices.Compact(out)
-	for _, t := range out {
-		if t == "" {
-			return nil, fmt.Errorf("replaydpg: %w: empty topic in a scope", storage.ErrInvalid)
-		}
-	}
-	return out, nil
-}
-
-// scopeSnapshot reads, in one REPEATABLE READ READ ONLY transaction and
-// one round trip, the head into head, whether cursor is foreign to the log
-// into foreign (see the sequence floor, Open) and the scope's prune
-// watermark into mark, then the statements queue adds, whose results read
-// reads.
-func (s *Store) scopeSnapshot(ctx context.Context, topics []string, cursor int64, head *int64, foreign *bool, mark *int64, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
-	b := &pgx.Batch{}
-	b.Queue(qBeginSnapshot)
-	b.Queue(s.q.headForeign, cursor)
-	b.Queue(s.q.watermark, topics)
-	queue(b)
-	b.Queue("COMMIT")
-	return s.snapshot(ctx, b, func(br pgx.BatchResults) error {
-		if err := br.QueryRow().Scan(head, foreign); err != nil {
-			return err
-		}
-		s.saw(*head)
-		if err := br.QueryRow().Scan(mark); err != nil {
-			return err
-		}
-		return read(br)
-	})
-}
-
-// snapshot sends b, which must open a transaction first and COMMIT last,
-// reads its results with read, and closes it.
-func (s *Store) snapshot(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error {
-	return readBatch(s.pool.SendBatch(ctx, b), 1, read)
-}
-
-// readBatch reads the results of a batch sent as lead statements, those
-// read reads, and a COMMIT, and closes it: the first error wins.
-func readBatch(br pgx.BatchResults, lead int, read func(pgx.BatchResults) error) error {
-	err := func() error {
-		for range lead {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-		}
-		if err := read(br); err != nil {
-			return err
-		}
-		_, err := br.Exec()
-		return err
-	}()
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // Prune deletes the events policy condemns (all but the newest MaxEvents,
