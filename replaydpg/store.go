@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/replayd/replayd/storage"
 )
@@ -22,9 +21,6 @@ var ErrClosed = errors.New("replaydpg: store is closed")
 
 // DefaultPrefix is the table prefix when Open gets no WithTablePrefix.
 const DefaultPrefix = "replayd_"
-
-// pruneBatch is how many rows one retention statement deletes at most.
-const pruneBatch = 1000
 
 // Option configures Open.
 type Option func(*config)
@@ -263,61 +259,6 @@ func (s *Store) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
-}
-
-// watermark returns the highest prune watermark of any topic: the highest
-// sequence retention has deleted (0: none).
-func (s *Store) watermark(ctx context.Context) (int64, error) {
-	var w int64
-	if err := s.pool.QueryRow(ctx, s.q.watermark, []string{}).Scan(&w); err != nil {
-		return 0, fmt.Errorf("replaydpg: watermark: %w", err)
-	}
-	return w, nil
-}
-
-// Prune deletes the events policy condemns (all but the newest MaxEvents,
-// and those created more than MaxAge ago by the server's clock, whichever
-// deletes more), oldest first, in statements of at most 1,000 rows, each of
-// which raises the prune watermark of every topic it deleted from (the empty topic for
-// broadcasts) in the same transaction. Several nodes may prune at once;
-// each counts only the rows it deleted. It returns how many rows it deleted.
-func (s *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int64, error) {
-	if s.isClosed() {
-		return 0, ErrClosed
-	}
-	if policy.MaxEvents <= 0 && policy.MaxAge <= 0 {
-		return 0, nil
-	}
-	var (
-		countEdge int64              // rows with a global ordinal up to this one exceed MaxEvents
-		ageEdge   pgtype.Timestamptz // -infinity without MaxAge
-	)
-	err := s.pool.QueryRow(ctx, s.q.pruneEdges, max(policy.MaxEvents, 0), max(policy.MaxAge.Microseconds(), 0)).
-		Scan(&countEdge, &ageEdge)
-	if err != nil {
-		return 0, fmt.Errorf("replaydpg: prune: %w", err)
-	}
-	// Everything at or below the highest watermark is deleted already: start
-	// the scan there, past the dead index entries.
-	last, err := s.watermark(ctx)
-	if err != nil {
-		return 0, err
-	}
-	var deleted int64
-	for {
-		var (
-			n       int64
-			through *int64
-		)
-		if err := s.pool.QueryRow(ctx, s.q.pruneBatch, last, countEdge, ageEdge, pruneBatch).Scan(&n, &through); err != nil {
-			return deleted, fmt.Errorf("replaydpg: prune: %w", err)
-		}
-		deleted += n
-		if through == nil {
-			return deleted, nil
-		}
-		last = *through
-	}
 }
 
 // WaitForAppend returns nil once the head is above after, as far as this
