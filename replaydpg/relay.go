@@ -21,7 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/storage"
 )
 
 const (
@@ -182,7 +182,7 @@ func (s *Store) relayOnce(ctx context.Context) (more bool, err error) {
 	b.Queue(s.q.outboxTake, relayRows, relayBytes)
 	var (
 		ids   []int64
-		evs   []replayd.Event
+		evs   []storage.Event
 		bytes int
 	)
 	br := conn.SendBatch(ctx, b)
@@ -201,7 +201,7 @@ func (s *Store) relayOnce(ctx context.Context) (more bool, err error) {
 		for rows.Next() {
 			var (
 				id      int64
-				ev      replayd.Event
+				ev      storage.Event
 				topic   *string
 				payload string
 			)
