@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -101,6 +102,15 @@ type Store struct {
 	closed  bool
 }
 
+// Store keeps replayd's storage contract (the storetest kit checks it) and
+// wakes a tailing hub through LISTEN/NOTIFY.
+var (
+	_ storage.Store         = (*Store)(nil)
+	_ storage.Notifier      = (*Store)(nil)
+	_ storage.SchemaEnsurer = (*Store)(nil)
+	_ storage.WriteProber   = (*Store)(nil)
+)
+
 type queries struct {
 	lock, appendNew, append, head, watermark                 string
 	headForeign, headRow, highest, insertHead, raiseHead     string
@@ -111,6 +121,11 @@ type queries struct {
 	countGlobal, countTopics, pruneEdges, pruneBatch         string
 	txPublish, txStored, outboxAny, outboxTake, outboxDelete string
 	txStatus                                                 string
+}
+
+// render substitutes the table prefix into a query.
+func render(q, prefix string) string {
+	return strings.ReplaceAll(q, "%[1]s", prefix)
 }
 
 // Open connects to dsn (a pgx connection string or URL), creates the schema
