@@ -15,18 +15,18 @@ import (
 // Append, sent as one pipeline (one round trip, one implicit transaction).
 //
 // qLock takes the head row's lock first, in a statement of its own, so that
-// qAppend's snapshot, taken when it starts, already sees every append that
-// committed before ours: in READ COMMITTED a statement's snapshot predates
-// any lock wait inside it, so a single statement that both waits for the
-// lock and reads the table (for duplicates, for the previous ordinals)
-// would read stale rows. The lock is released at commit, after the commit
+// the append statement's snapshot (qAppendNew's, qAppendDedup's), taken
+// when it starts, already sees every append that committed before ours: in
+// READ COMMITTED a statement's snapshot predates any lock wait inside it,
+// so a single statement that both waits for the lock and reads the table
+// (for duplicates, for the previous ordinals) would read stale rows. The lock is released at commit, after the commit
 // is visible, so commit order, visibility order and sequence order agree.
 //
 // Append first sends qAppendNew, which takes every event for new; if one of
 // the event ids is already stored, its INSERT fails on the unique
 // constraint, the whole transaction rolls back (the head with it), and
-// Append sends the batch again with qAppend, which looks each id up and
-// stores only the new ones. Retried publishes are rare; looking up every
+// Append sends the batch again with qAppendDedup, which looks each id up
+// and stores only the new ones. Retried publishes are rare; looking up every
 // id, numbering the survivors with window functions and returning a row
 // per event cost about half of a 64-event batch on the server
 // (git show 60f0bd1:BENCHMARKS.md, "Issue 11: PostgreSQL").
@@ -99,7 +99,7 @@ const (
 	// table's size: a hash join would scan the whole log, and a lookup
 	// inlined into the insert's join would run once per inserted row, each
 	// walking back over the rows this statement already inserted.
-	qAppend = `WITH ` + floorGuard + `, b AS MATERIALIZED (
+	qAppendDedup = `WITH ` + floorGuard + `, b AS MATERIALIZED (
 		SELECT u.i, u.event_id, u.type, u.topic, u.payload,
 			(SELECT e.sequence FROM %[1]sevents e WHERE e.event_id = u.event_id) AS stored
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS u(event_id, type, topic, payload, i)
@@ -264,13 +264,13 @@ func (s *Store) appendNew(ctx context.Context, send sender, res []AppendResult, 
 	return nil
 }
 
-// appendDedup sends the rows with qAppend, which stores only those whose
-// event id is not stored yet, and fills in res[idx[k]]: the sequence and
-// created_at of a stored row, the stored original of a duplicate.
+// appendDedup sends the rows with qAppendDedup, which stores only those
+// whose event id is not stored yet, and fills in res[idx[k]]: the sequence
+// and created_at of a stored row, the stored original of a duplicate.
 func (s *Store) appendDedup(ctx context.Context, send sender, res []AppendResult, idx []int, ids, types []string, topics []*string, payloads []string, channel string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.q.lock)
-	b.Queue(s.q.append, ids, types, topics, payloads, channel, s.issued.Load())
+	b.Queue(s.q.appendDedup, ids, types, topics, payloads, channel, s.issued.Load())
 	return send(ctx, b, func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {
 			return err

@@ -26,7 +26,7 @@ const (
 		(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`
 
 	qInsertHead = `INSERT INTO %[1]shead (id, seq, ord, created_at) VALUES (1, $1, $2, $3)`
-	qRaiseHead  = `UPDATE %[1]shead SET seq = $1, ord = greatest(ord, $2), created_at = greatest(created_at, $3) WHERE id = 1`
+	qRepairHead = `UPDATE %[1]shead SET seq = $1, ord = greatest(ord, $2), created_at = greatest(created_at, $3) WHERE id = 1`
 	qSkip       = `INSERT INTO %[1]sskips (after, through) VALUES ($1, $2)
 		ON CONFLICT (after) DO UPDATE SET through = greatest(%[1]sskips.through, excluded.through)`
 	qJump = `UPDATE %[1]shead SET seq = $1 WHERE id = 1`
@@ -70,7 +70,7 @@ func (s *Store) raiseHead(ctx context.Context, tx pgx.Tx, floor bool) error {
 		}
 		head = highest
 	case head < highest:
-		if _, err := tx.Exec(ctx, s.q.raiseHead, highest, ord, created); err != nil {
+		if _, err := tx.Exec(ctx, s.q.repairHead, highest, ord, created); err != nil {
 			return err
 		}
 		head = highest

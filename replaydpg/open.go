@@ -76,7 +76,7 @@ type Store struct {
 	q       queries
 
 	noNotify    bool // benchmarks only: measures what the NOTIFY costs
-	dedupAlways bool // benchmarks only: every Append looks each event id up (qAppend)
+	dedupAlways bool // benchmarks only: every Append looks each event id up (qAppendDedup)
 
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
@@ -112,8 +112,8 @@ var (
 )
 
 type queries struct {
-	lock, appendNew, append, head, watermark                 string
-	headForeign, headRow, highest, insertHead, raiseHead     string
+	lock, appendNew, appendDedup, head, watermark            string
+	headForeign, headRow, highest, insertHead, repairHead    string
 	skip, jump                                               string
 	oldestGlobal, oldestTopics                               string
 	newestSeqGlobal, newestSeqTopics                         string
@@ -208,10 +208,10 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		changed:    make(chan struct{}),
 		probe:      make(chan struct{}, 1),
 		q: queries{
-			lock: render(qLock, p), appendNew: render(qAppendNew, p), append: render(qAppend, p),
+			lock: render(qLock, p), appendNew: render(qAppendNew, p), appendDedup: render(qAppendDedup, p),
 			head: render(qHead, p), watermark: render(qWatermark, p),
 			headForeign: render(qHeadForeign, p), headRow: render(qHeadRow, p), highest: render(qHighest, p),
-			insertHead: render(qInsertHead, p), raiseHead: render(qRaiseHead, p), skip: render(qSkip, p), jump: render(qJump, p),
+			insertHead: render(qInsertHead, p), repairHead: render(qRepairHead, p), skip: render(qSkip, p), jump: render(qJump, p),
 			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
 			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
 			pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),

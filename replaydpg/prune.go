@@ -8,8 +8,8 @@ import (
 	"github.com/replayd/replayd/storage"
 )
 
-// pruneBatch is how many rows one retention statement deletes at most.
-const pruneBatch = 1000
+// pruneRows is how many rows one retention statement deletes at most.
+const pruneRows = 1000
 
 // Retention.
 const (
@@ -71,7 +71,7 @@ func (s *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int6
 	}
 	// Everything at or below the highest watermark is deleted already: start
 	// the scan there, past the dead index entries.
-	last, err := s.watermark(ctx)
+	last, err := s.highestWatermark(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -81,7 +81,7 @@ func (s *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int6
 			n       int64
 			through *int64
 		)
-		if err := s.pool.QueryRow(ctx, s.q.pruneBatch, last, countEdge, ageEdge, pruneBatch).Scan(&n, &through); err != nil {
+		if err := s.pool.QueryRow(ctx, s.q.pruneBatch, last, countEdge, ageEdge, pruneRows).Scan(&n, &through); err != nil {
 			return deleted, fmt.Errorf("replaydpg: prune: %w", err)
 		}
 		deleted += n
@@ -92,9 +92,9 @@ func (s *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int6
 	}
 }
 
-// watermark returns the highest prune watermark of any topic: the highest
-// sequence retention has deleted (0: none).
-func (s *Store) watermark(ctx context.Context) (int64, error) {
+// highestWatermark returns the highest prune watermark of any topic: the
+// highest sequence retention has deleted (0: none).
+func (s *Store) highestWatermark(ctx context.Context) (int64, error) {
 	var w int64
 	if err := s.pool.QueryRow(ctx, s.q.watermark, []string{}).Scan(&w); err != nil {
 		return 0, fmt.Errorf("replaydpg: watermark: %w", err)
