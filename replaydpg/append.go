@@ -1,5 +1,9 @@
 package replaydpg
 
+// The append path: Append's statements, Append itself (appendVia, which
+// the relay shares), and how an append's error tells whether it may have
+// committed (appendOutcome; the package doc, "Unknown outcomes").
+
 import (
 	"context"
 	"errors"
@@ -139,8 +143,8 @@ const (
 type AppendResult = storage.AppendResult
 
 // Append stores evs in order, in one transaction and one round trip (two
-// when an event id is stored already: see sql.go), and returns one result
-// per event, in the same order. Each stored event gets the next sequence,
+// when an event id is stored already: see the statements above), and
+// returns one result per event, in the same order. Each stored event gets the next sequence,
 // above every sequence ever assigned, and created_at from the server
 // clock, never below the previous batch's. Sequence, CreatedAt and Topic
 // of evs are ignored except Topic ("" is a broadcast).

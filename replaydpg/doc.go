@@ -31,7 +31,7 @@
 // row's lock, a head below the highest sequence the Store knows was issued
 // (its appends, the heads it read or was notified of) is raised to the
 // clock, the skipped range recorded, before the rows take sequences (see
-// floorGuard in sql.go).
+// floorGuard in append.go).
 //
 // Decisions beyond the Store contract:
 //   - created_at is the server's clock_timestamp() taken under the head lock,
@@ -47,9 +47,9 @@
 //     opened on the first call, named "replayd listener" in
 //     pg_stat_activity. WithListenDSN points it elsewhere than the pool.
 //   - The pool's sessions use plan_cache_mode=force_generic_plan unless the
-//     DSN sets it: every query's plan is pinned by its text (see sql.go), so
-//     planning once per connection is safe and saves about half of a
-//     one-event Append.
+//     DSN sets it: every query's plan is pinned by its text (see schema.go
+//     and query.go), so planning once per connection is safe and saves
+//     about half of a one-event Append.
 //   - The pool's sessions use jit=off unless the DSN sets it: generic
 //     plans of topic reads on a million rows passed jit_above_cost and spent
 //     3-7 ms compiling each execution of a 0.2 ms read.
@@ -111,7 +111,7 @@
 // Close stops it) moves the outbox into the log under the head row's
 // lock, deleting the rows in the transaction that appends them, as soon
 // as the publishing store sees the transaction committed, and within a
-// second on any node otherwise (outbox.go). The event is in the log if
+// second on any node otherwise (outbox.go, relay.go). The event is in the log if
 // and only if the application's transaction commits, exactly once, and
 // that transaction takes no lock a publisher or reader waits for.
 //

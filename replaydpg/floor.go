@@ -1,5 +1,12 @@
 package replaydpg
 
+// The sequence floor (docs/restore.md; the package doc, "Log identity"):
+// raiseHead repairs a head row lost or lowered from outside and raises the
+// head to the server's clock (at Open; at EnsureSchema only after a
+// repair); under a running Store, every append's floorGuard (append.go)
+// raises it above the highest sequence the Store knows was issued, which
+// saw keeps.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,9 @@
 package replaydpg
 
+// Wake-ups (storage.Notifier): every append's statement notifies the log's
+// channel of the new head (append.go), and WaitForAppend waits for it on
+// the listener, one session-level connection that LISTENs.
+
 import (
 	"context"
 	"strconv"

@@ -1,5 +1,8 @@
 package replaydpg
 
+// Open and its options, the Store type with its statements (queries,
+// rendered once for the table prefix), and Close.
+
 import (
 	"context"
 	"errors"
@@ -93,7 +96,7 @@ type Store struct {
 
 	// issued is the highest sequence this store knows its log issued: its
 	// appends', every head it read or heard of. Every append raises the
-	// floor if the head is below it (see floorGuard in sql.go).
+	// floor if the head is below it (see floorGuard in append.go).
 	issued atomic.Int64
 
 	mu      sync.Mutex    // guards known, changed and closed
@@ -111,16 +114,40 @@ var (
 	_ storage.WriteProber   = (*Store)(nil)
 )
 
+// queries are a Store's statements, rendered for its table prefix once, at
+// Open. Each statement's text (its q constant, written with %[1]s for the
+// prefix) lives beside the code that runs it, with the reasons for its
+// shape; this is their index. A statement that names no table needs no
+// rendering: qTxStatus is held here as it is, and qProbe, qRelayLock,
+// qBeginSnapshot and qSchemaColumns are run as they are; ensureSchema
+// renders the schema's DDL itself.
 type queries struct {
-	lock, appendNew, appendDedup, head, watermark            string
-	headForeign, headRow, highest, insertHead, repairHead    string
-	skip, jump                                               string
-	oldestGlobal, oldestTopics                               string
-	newestSeqGlobal, newestSeqTopics                         string
-	pageGlobal, pageTopics                                   string
-	countGlobal, countTopics, pruneEdges, pruneBatch         string
-	txPublish, txStored, outboxAny, outboxTake, outboxDelete string
-	txStatus                                                 string
+	lock, appendNew, appendDedup                         string // append.go (lock: probe.go too)
+	headRow, highest, insertHead, repairHead, skip, jump string // floor.go
+	head, headForeign, watermark                         string // query.go
+	oldestGlobal, oldestTopics, pageGlobal, pageTopics   string
+	newestSeqGlobal, newestSeqTopics                     string
+	countGlobal, countTopics                             string
+	pruneEdges, pruneBatch                               string // prune.go
+	txPublish, txStored                                  string // outbox.go
+	txStatus, outboxAny, outboxTake, outboxDelete        string // relay.go
+}
+
+// newQueries renders the statements for the table prefix p.
+func newQueries(p string) queries {
+	return queries{
+		lock: render(qLock, p), appendNew: render(qAppendNew, p), appendDedup: render(qAppendDedup, p),
+		head: render(qHead, p), watermark: render(qWatermark, p),
+		headForeign: render(qHeadForeign, p), headRow: render(qHeadRow, p), highest: render(qHighest, p),
+		insertHead: render(qInsertHead, p), repairHead: render(qRepairHead, p), skip: render(qSkip, p), jump: render(qJump, p),
+		newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
+		oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
+		pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
+		countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
+		pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
+		txPublish: render(qTxPublish, p), txStored: render(qTxStored, p), outboxAny: render(qOutboxAny, p),
+		outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p), txStatus: qTxStatus,
+	}
 }
 
 // render substitutes the table prefix into a query.
@@ -164,8 +191,8 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		// parameters.
 		var sets []string
 		if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
-			// Every query's plan is fixed by its text (see sql.go): plan
-			// once per connection, not once per call. Planning the append
+			// Every query's plan is fixed by its text (see schema.go and
+			// query.go): plan once per connection, not once per call. Planning the append
 			// statement costs about as much as running it for one event.
 			sets = append(sets, "SET plan_cache_mode = force_generic_plan")
 		}
@@ -207,21 +234,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		listenDone: make(chan struct{}),
 		changed:    make(chan struct{}),
 		probe:      make(chan struct{}, 1),
-		q: queries{
-			lock: render(qLock, p), appendNew: render(qAppendNew, p), appendDedup: render(qAppendDedup, p),
-			head: render(qHead, p), watermark: render(qWatermark, p),
-			headForeign: render(qHeadForeign, p), headRow: render(qHeadRow, p), highest: render(qHighest, p),
-			insertHead: render(qInsertHead, p), repairHead: render(qRepairHead, p), skip: render(qSkip, p), jump: render(qJump, p),
-			newestSeqGlobal: render(qNewestSeqGlobal, p), newestSeqTopics: render(qNewestSeqTopics, p),
-			oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
-			pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
-			countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
-			pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
-			txPublish: render(qTxPublish, p), txStored: render(qTxStored, p), outboxAny: render(qOutboxAny, p),
-			outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p), txStatus: qTxStatus,
-		},
-		relayKick: make(chan struct{}, 1),
-		relayDone: make(chan struct{}),
+		q:          newQueries(p),
+		relayKick:  make(chan struct{}, 1),
+		relayDone:  make(chan struct{}),
 	}
 	// Name the listener's session, for pg_stat_activity.
 	name := "replayd listener"

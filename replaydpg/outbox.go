@@ -2,7 +2,7 @@ package replaydpg
 
 // Publishing inside the application's own transaction: an outbox in the
 // application's transaction, and a relay in every Store that moves it
-// into the log.
+// into the log (relay.go).
 //
 // PublishTx and PublishSQLTx insert the event into prefix+"outbox" in the
 // application's transaction. They take no lock but the row's own, so a

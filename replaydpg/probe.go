@@ -1,5 +1,9 @@
 package replaydpg
 
+// Readiness (storage.WriteProber): ProbeWrite, and the statement that lets
+// the server give up on the head row's lock on its own (the package doc,
+// "Readiness").
+
 import (
 	"context"
 	"errors"

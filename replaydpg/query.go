@@ -1,5 +1,8 @@
 package replaydpg
 
+// The reads: Head, Read, Window and Count, each one snapshot in one round
+// trip (scopeSnapshot, snapshot, readBatch), and the statements they run.
+
 import (
 	"context"
 	"fmt"

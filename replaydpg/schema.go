@@ -25,7 +25,7 @@ import (
 //   - p+"skips": the sequence floor's skipped ranges (see Open): the
 //     sequences strictly between after and through were never issued.
 //   - p+"outbox": events published inside an application's transaction,
-//     until the relay moves them into p+"events" (outbox.go).
+//     until the relay moves them into p+"events" (outbox.go, relay.go).
 //
 // One index on (topic, sequence) serves every group, broadcasts (NULL)
 // included: a scope's reads are one index range scan per group, merged by
@@ -65,7 +65,7 @@ var schema = []string{
 		through bigint NOT NULL     -- the head it was raised to
 	)`,
 	// Events published inside applications' transactions, waiting for the
-	// relay (outbox.go). No index but the key: the application's insert
+	// relay (relay.go). No index but the key: the application's insert
 	// must cost no more than its own row's.
 	`CREATE TABLE IF NOT EXISTS %[1]soutbox (
 		id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, -- the relay's order
