@@ -531,7 +531,7 @@ func BenchmarkHubPublish64(b *testing.B) {
 // BenchmarkPairedAppendPaths compares, in interleaved rounds of 2,000
 // events, 64 publishers on a hub whose store takes the usual path
 // (qAppendNew: every event taken for new, one row back) with a hub whose
-// store looks every event id up (qAppend, the path a batch holding a
+// store looks every event id up (qAppendDedup, the path a batch holding a
 // stored id takes, and the only one before). b.N counts rounds.
 func BenchmarkPairedAppendPaths(b *testing.B) {
 	fast, csFast := benchNode(b, testPrefix(b))
