@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replayd/replayd/internal/event"
 	"github.com/replayd/replayd/sqlitestore"
 )
 
@@ -144,7 +145,7 @@ type SSEOptions struct {
 
 // Defaults.
 const (
-	defaultType              = "message"
+	defaultType              = event.DefaultType
 	defaultTopicParam        = "topic"
 	defaultReplayLimit       = 100
 	defaultHeartbeatInterval = 15 * time.Second
@@ -327,26 +328,6 @@ func (h *EventHub) EnsureSchema(ctx context.Context) error {
 	return nil
 }
 
-// A PublishOption changes one Publish call.
-type PublishOption func(*publishOptions)
-
-type publishOptions struct {
-	eventType, eventID  string
-	typeSet, eventIDSet bool
-}
-
-// WithType sets the event's SSE type instead of Options.DefaultType.
-func WithType(eventType string) PublishOption {
-	return func(o *publishOptions) { o.eventType, o.typeSet = eventType, true }
-}
-
-// WithEventID sets the event's idempotency key. Publishing again with an id
-// that is already stored stores and delivers nothing and returns the
-// original event, so a publisher can retry safely.
-func WithEventID(id string) PublishOption {
-	return func(o *publishOptions) { o.eventID, o.eventIDSet = id, true }
-}
-
 // Publish appends an event to the log and delivers it to live subscribers.
 // topic "" is a broadcast, delivered to every connection. The payload is
 // encoded with encoding/json; a json.RawMessage or []byte must hold valid
@@ -367,7 +348,7 @@ func WithEventID(id string) PublishOption {
 func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts ...PublishOption) (Event, error) {
 	h.publishing.Add(1)
 	defer h.publishing.Add(-1)
-	po := publishOptions{eventType: h.opts.DefaultType}
+	po := event.Options{Type: h.opts.DefaultType}
 	for _, o := range opts {
 		o(&po)
 	}
@@ -402,9 +383,9 @@ func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult
 	var group []*publishReq
 	start := time.Now()
 	for i, ev := range evs {
-		po := publishOptions{eventType: h.opts.DefaultType, eventID: ev.EventID, eventIDSet: ev.EventID != ""}
+		po := event.Options{Type: h.opts.DefaultType, EventID: ev.EventID, EventIDSet: ev.EventID != ""}
 		if ev.Type != "" {
-			po.eventType = ev.Type
+			po.Type = ev.Type
 		}
 		out[i].Event = ev
 		req, err := h.publishReq(ev.Topic, json.RawMessage(ev.Payload), po)

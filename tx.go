@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replayd/replayd/internal/event"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -139,11 +140,11 @@ func (h *EventHub) PublishTx(ctx context.Context, tx *sql.Tx, topic string, payl
 	if err != nil {
 		return Event{}, err
 	}
-	po := publishOptions{eventType: h.opts.DefaultType}
+	po := event.Options{Type: h.opts.DefaultType}
 	for _, o := range opts {
 		o(&po)
 	}
-	ev, err := prepareEvent(topic, payload, po)
+	ev, err := event.Prepare(topic, payload, po)
 	if err != nil {
 		return Event{}, err
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/replayd/replayd/internal/event"
 )
 
 // The writer: Publish and PublishBatch hand their events to one writer
@@ -77,8 +79,8 @@ func (h *EventHub) commitAlone(ctx context.Context, req *publishReq, start time.
 }
 
 // publishReq validates one publish and makes its request for the writer.
-func (h *EventHub) publishReq(topic string, payload any, po publishOptions) (*publishReq, error) {
-	ev, err := prepareEvent(topic, payload, po)
+func (h *EventHub) publishReq(topic string, payload any, po event.Options) (*publishReq, error) {
+	ev, err := event.Prepare(topic, payload, po)
 	if err != nil {
 		return nil, err
 	}
