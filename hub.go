@@ -239,10 +239,10 @@ type EventHub struct {
 	// commitAlone). Commits and their deliveries never overlap.
 	commitMu sync.Mutex
 	// alone: a lone Publish may commit on its own goroutine (commitAlone).
-	// Only over the SQLite store, whose Append gives up when its ctx ends
-	// whatever it waits for, so that Publish still returns with its ctx.
-	// Over another store, a call deaf to its ctx holds up the writer, and
-	// the caller can leave.
+	// Only over a store that is a storage.PromptAppender (the SQLite
+	// store), whose Append gives up when its ctx ends whatever it waits
+	// for, so that Publish still returns with its ctx. Over another store,
+	// a call deaf to its ctx holds up the writer, and the caller can leave.
 	alone bool
 
 	live live

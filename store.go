@@ -136,7 +136,9 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 		streams: make(map[*stream]struct{}),
 	}
 	h.log = &EventLog{store: s}
-	_, h.alone = s.(*sqlitestore.Store)
+	if pa, ok := s.(storage.PromptAppender); ok {
+		h.alone = pa.AppendsPromptly()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if owned == nil { // New's SQLite store made its schema already

@@ -12,8 +12,9 @@ import (
 // The writer: Publish and PublishBatch hand their events to one writer
 // goroutine through a queue (pubqueue.go), which commits what is waiting
 // in one transaction (group commit), delivers it live and answers each
-// caller; a lone Publish over the SQLite store commits on its own
-// goroutine instead (commitAlone). docs/design.md, Publishing, says why.
+// caller; a lone Publish over a store whose Append returns with its ctx
+// (storage.PromptAppender: the SQLite store) commits on its own goroutine
+// instead (commitAlone). docs/design.md, Publishing, says why.
 
 // publishReq is one event handed to the writer, and where its answer goes.
 type publishReq struct {
