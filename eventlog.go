@@ -28,7 +28,7 @@ func (l *EventLog) Replay(ctx context.Context, topic string, since int64, limit 
 	if err := validateTopic(topic); err != nil {
 		return nil, err
 	}
-	p, err := l.store.Read(ctx, ReadRequest{Scope: scopeOf(topic), After: since, Limit: defaultLimit(limit)})
+	p, err := l.store.Read(ctx, storage.ReadRequest{Scope: scopeOf(topic), After: since, Limit: defaultLimit(limit)})
 	if err != nil {
 		return nil, fmt.Errorf("replayd: replay: %w", err)
 	}
@@ -48,8 +48,8 @@ func (l *EventLog) ReplayLatest(ctx context.Context, topic string, since int64, 
 	scope := scopeOf(topic)
 	w, err := l.store.Window(ctx, scope, max(since, 0), limit)
 	if err == nil && w.From > 0 && w.From <= w.Head {
-		var p Page
-		p, err = l.store.Read(ctx, ReadRequest{Scope: scope, After: max(since, w.From-1), Through: w.Head, Limit: limit})
+		var p storage.Page
+		p, err = l.store.Read(ctx, storage.ReadRequest{Scope: scope, After: max(since, w.From-1), Through: w.Head, Limit: limit})
 		if err == nil {
 			return p.Events, nil
 		}

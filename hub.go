@@ -15,6 +15,7 @@ import (
 
 	"github.com/replayd/replayd/internal/event"
 	"github.com/replayd/replayd/sqlitestore"
+	"github.com/replayd/replayd/storage"
 )
 
 // ErrAlreadyTailing is returned by a second StartTail on the same hub while
@@ -316,9 +317,9 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 
 // EnsureSchema creates the log's tables and index if they are missing. New
 // calls it; it is safe to call again and from several processes at once.
-// For a Store that is not a [SchemaEnsurer] it does nothing.
+// For a Store that is not a [storage.SchemaEnsurer] it does nothing.
 func (h *EventHub) EnsureSchema(ctx context.Context) error {
-	se, ok := h.store.(SchemaEnsurer)
+	se, ok := h.store.(storage.SchemaEnsurer)
 	if !ok {
 		return nil
 	}

@@ -64,7 +64,7 @@ const txWatchMax = 100 * time.Millisecond
 // waits until it ends. Keep it short, and never call Publish inside fn
 // (it would wait for fn's own transaction, until the busy timeout fails it).
 // ctx bounds the whole transaction: once it ends, database/sql rolls it
-// back. A hub over a store that is not a [TxAppender] (PostgreSQL:
+// back. A hub over a store that is not a [storage.TxAppender] (PostgreSQL:
 // use replaydpg's Store.PublishSQLTx) returns an error wrapping
 // errors.ErrUnsupported.
 func (h *EventHub) InTx(ctx context.Context, fn func(tx *sql.Tx) error) (err error) {
