@@ -2,9 +2,10 @@
 // log behind it, in the manner of database/sql/driver: the [Store]
 // interface, its optional capabilities ([Notifier], [SchemaEnsurer],
 // [WriteProber], [PoolSizer], [PromptAppender], [TxAppender], [Counter]),
-// and the values that cross it. A backend imports only this
-// package; applications name these types through their aliases in package
-// replayd (replayd.Store, replayd.Event, ...), which are the same types.
+// and the values that cross it. A backend imports only this package.
+// Applications name the few types they meet (Store, Event, AppendResult,
+// RetentionPolicy) through their aliases in package replayd, which are the
+// same types; the rest are named here only.
 //
 // The SQLite store (package github.com/replayd/replayd/sqlitestore) and the
 // PostgreSQL store (module github.com/replayd/replayd/replaydpg) implement
@@ -152,8 +153,8 @@ var ErrOutcomeUnknown = errors.New("replayd: outcome unknown: the event may or m
 // as it needs to; it must not call back into the hub, which owns every lock
 // and goroutine of delivery: a store only answers calls.
 //
-// A read (Head, Read, Window, and Count of a [Counter]) describes one consistent snapshot of
-// the log: every field of one answer is true of the log at one moment, a
+// A read (Head, Read, Window, and a [Counter]'s Count) describes one
+// consistent snapshot of the log: every field of one answer is true of the log at one moment, a
 // moment between the call and its return. A method that returns an error had
 // no effect, with two exceptions: Prune reports the events it deleted before
 // the error (each batch of it is atomic); and Append, when its ctx ends or
