@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/storage"
 )
 
 // One bad publish in a group-commit batch must not fail its neighbours. No
@@ -301,7 +302,7 @@ func (c *countingStore) Head(ctx context.Context) (int64, error) {
 	return c.Store.Head(ctx)
 }
 
-func (c *countingStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
+func (c *countingStore) Read(ctx context.Context, req storage.ReadRequest) (storage.Page, error) {
 	c.reads.Add(1)
 	return c.Store.Read(ctx, req)
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // live is a hub's live delivery: one live position, and the subscribers
@@ -430,7 +432,7 @@ func (h *EventHub) catchUp(through int64, limit int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	from := h.live.position()
-	page, err := h.store.Read(ctx, ReadRequest{After: from, Through: through, Limit: limit})
+	page, err := h.store.Read(ctx, storage.ReadRequest{After: from, Through: through, Limit: limit})
 	if err != nil {
 		return 0, err
 	}

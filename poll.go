@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // PollHandler returns the poll endpoint: the log, cursors and gaps of the
@@ -506,21 +508,21 @@ func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited boo
 
 // readPoll reads a poll's page under a read slot: for a fresh request only
 // the head counts, and nothing above it is returned.
-func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (Page, []bool, error) {
-	if pg, asIs, ok := h.pollFromMemory(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes}, fresh); ok {
+func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (storage.Page, []bool, error) {
+	if pg, asIs, ok := h.pollFromMemory(ctx, storage.ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes}, fresh); ok {
 		return pg, asIs, nil
 	}
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
-			return Page{}, nil, ctx.Err()
+			return storage.Page{}, nil, ctx.Err()
 		}
-		return Page{}, nil, ErrClosed
+		return storage.Page{}, nil, ErrClosed
 	}
 	defer h.releaseRead()
 	if fresh {
 		cursor = maxSequence // read the head and the watermark only
 	}
-	pg, err := h.store.Read(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes})
+	pg, err := h.store.Read(ctx, storage.ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes})
 	if fresh {
 		pg.Watermark, pg.Foreign = 0, false // a fresh request is owed no gap
 	}

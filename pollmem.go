@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // Polls near the head are answered from memory: the newest rows live
@@ -134,12 +136,12 @@ func (w *pollWindow) clearLocked() {
 // it does not reach the head (the live position lags: other processes
 // appended), the cursor is outside it or not a sequence known never to be
 // foreign, or rows above the cursor may have been pruned.
-func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, []bool, bool) {
+func (w *pollWindow) answer(req storage.ReadRequest, head, mark int64) (storage.Page, []bool, bool) {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	cursor := req.After
 	if req.Limit <= 0 || req.MaxBytes <= 0 || !w.valid || head < w.lo || head > w.hi || cursor < w.lo || cursor > head || mark > cursor {
-		return Page{}, nil, false
+		return storage.Page{}, nil, false
 	}
 	evs, asIs := w.evs[w.start:], w.asIs[w.start:]
 	i, found := slices.BinarySearchFunc(evs, cursor, func(ev Event, s int64) int {
@@ -156,9 +158,9 @@ func (w *pollWindow) answer(req ReadRequest, head, mark int64) (Page, []bool, bo
 	} else if !(cursor == head || cursor == w.lo && w.loIssued) {
 		// Strictly between rows: perhaps inside a range the sequence
 		// floor skipped (a foreign cursor), which only the log knows.
-		return Page{}, nil, false
+		return storage.Page{}, nil, false
 	}
-	pg := Page{Head: head}
+	pg := storage.Page{Head: head}
 	n := min(req.Limit, len(evs)-i)
 	if n > 0 {
 		pg.Events = make([]Event, 0, n)
@@ -285,8 +287,8 @@ func (h *EventHub) probe(ctx context.Context) (head, mark int64, err error) {
 	p.pending, p.last, c.started = nil, c, time.Now()
 	p.mu.Unlock()
 	if h.acquireRead(ctx) {
-		var pg Page
-		pg, c.err = h.store.Read(ctx, ReadRequest{After: maxSequence, Limit: 1})
+		var pg storage.Page
+		pg, c.err = h.store.Read(ctx, storage.ReadRequest{After: maxSequence, Limit: 1})
 		h.releaseRead()
 		c.head, c.mark = pg.Head, pg.Watermark
 	} else {
@@ -305,26 +307,26 @@ func (h *EventHub) probe(ctx context.Context) (head, mark int64, err error) {
 // pollFromMemory answers a poll's read from the poll window, if it can
 // give the log's answer; fresh as in readPoll. asIs[i], when set, tells
 // that the i-th event's payload needs no check nor rewriting to be encoded.
-func (h *EventHub) pollFromMemory(ctx context.Context, req ReadRequest, fresh bool) (pg Page, asIs []bool, ok bool) {
+func (h *EventHub) pollFromMemory(ctx context.Context, req storage.ReadRequest, fresh bool) (pg storage.Page, asIs []bool, ok bool) {
 	w := &h.live.pollWin
 	if w.disabled || w.off.Load() {
-		return Page{}, nil, false
+		return storage.Page{}, nil, false
 	}
 	if !fresh {
 		w.mu.RLock()
 		near := w.valid && req.After >= w.lo && req.After <= w.hi
 		w.mu.RUnlock()
 		if !near {
-			return Page{}, nil, false
+			return storage.Page{}, nil, false
 		}
 	}
 	head, mark, err := h.probe(ctx)
 	if err != nil {
-		return Page{}, nil, false // the log read says what went wrong
+		return storage.Page{}, nil, false // the log read says what went wrong
 	}
 	if fresh {
 		h.metrics.pollMemory.Add(1)
-		return Page{Head: head}, nil, true
+		return storage.Page{Head: head}, nil, true
 	}
 	pg, asIs, ok = w.answer(req, head, mark)
 	if ok {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/storage"
 )
 
 // TestPollFromMemoryMatchesLog asks random polls twice, once as the hub
@@ -94,18 +95,18 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 			}
 			// Reads of the log before the publish, which the window must
 			// still give for a probe made then, though it went on since.
-			probe, err := h.store.Read(ctx, ReadRequest{After: maxSequence, Limit: 1})
+			probe, err := h.store.Read(ctx, storage.ReadRequest{After: maxSequence, Limit: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
-			var reqs []ReadRequest
-			var wants []Page
+			var reqs []storage.ReadRequest
+			var wants []storage.Page
 			for range 3 {
 				cursor := probe.Head
 				if len(known) > 0 && rng.IntN(4) > 0 {
 					cursor = known[max(0, len(known)-1-rng.IntN(min(len(known), 30)))]
 				}
-				req := ReadRequest{Scope: scopes[rng.IntN(len(scopes))], After: cursor, Limit: rng.IntN(10) + 1, MaxBytes: 1 << 20}
+				req := storage.ReadRequest{Scope: scopes[rng.IntN(len(scopes))], After: cursor, Limit: rng.IntN(10) + 1, MaxBytes: 1 << 20}
 				want, err := h.store.Read(ctx, req)
 				if err != nil {
 					t.Fatal(err)
@@ -198,8 +199,8 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 			// The window's page against the log's, with a byte bound the
 			// handler's 4 MiB never reaches here.
 			if cursor >= 0 {
-				req := ReadRequest{Scope: q["topic"], After: cursor, Limit: rng.IntN(20) + 1, MaxBytes: []int{rng.IntN(8) + 1, rng.IntN(3000) + 1}[rng.IntN(2)]}
-				probe, err := h.store.Read(ctx, ReadRequest{After: maxSequence, Limit: 1})
+				req := storage.ReadRequest{Scope: q["topic"], After: cursor, Limit: rng.IntN(20) + 1, MaxBytes: []int{rng.IntN(8) + 1, rng.IntN(3000) + 1}[rng.IntN(2)]}
+				probe, err := h.store.Read(ctx, storage.ReadRequest{After: maxSequence, Limit: 1})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // writeTimeout bounds each write to a client (a write gets between half of
@@ -438,17 +440,17 @@ const (
 // scope above the last event written, the page just read may lack rows:
 // the stream ends instead, and the client's reconnect gets a pruned gap.
 // It returns how many events it wrote, and false if the stream must end.
-func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs Window) (n int, ok bool) {
+func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs storage.Window) (n int, ok bool) {
 	for after := hs.From - 1; after < hs.Head; {
 		if isRevoked(ctx) || !h.acquireRead(ctx) {
 			return n, false
 		}
 		var (
-			p   Page
+			p   storage.Page
 			err error
 		)
 		offStack(func() {
-			p, err = h.store.Read(ctx, ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
+			p, err = h.store.Read(ctx, storage.ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
 		})
 		h.releaseRead()
 		page, mark := p.Events, p.Watermark
@@ -489,7 +491,7 @@ func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream,
 // of its own: SQLite's code grows the stack that runs it, and a handler's
 // stack stays that size for as long as the connection is open (measured:
 // 38.5 against 30.6 KiB per idle connection).
-func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs Window, err error) {
+func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs storage.Window, err error) {
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
 			return hs, ctx.Err()
@@ -527,7 +529,7 @@ func endEarly(w http.ResponseWriter, reason string) {
 }
 
 // gapFor returns the gap frame a new stream is owed, or nil (PROTOCOL.md, "gap").
-func gapFor(rawCursor string, cursor int64, valid bool, hs Window, limit int) *gap {
+func gapFor(rawCursor string, cursor int64, valid bool, hs storage.Window, limit int) *gap {
 	switch {
 	case rawCursor == "":
 		return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/replayd/replayd/internal/wiretest"
 	"github.com/replayd/replayd/sqlitestore"
+	"github.com/replayd/replayd/storage"
 )
 
 // bus wakes every notifyingStore sharing it when one of them appends: an
@@ -176,7 +177,7 @@ type gatedStore struct {
 	once    sync.Once
 }
 
-func (s *gatedStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
+func (s *gatedStore) Read(ctx context.Context, req storage.ReadRequest) (storage.Page, error) {
 	select {
 	case <-s.armed:
 		if len(req.Scope) == 0 {

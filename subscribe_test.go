@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/storage"
 )
 
 // recordSubscriber records what a SubscribeWithGaps subscriber of h is
@@ -140,9 +141,9 @@ type faultyStore struct {
 	failReads atomic.Bool
 }
 
-func (s *faultyStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
+func (s *faultyStore) Read(ctx context.Context, req storage.ReadRequest) (storage.Page, error) {
 	if len(req.Scope) == 0 && s.failReads.Load() {
-		return Page{}, errors.New("injected read failure")
+		return storage.Page{}, errors.New("injected read failure")
 	}
 	return s.Store.Read(ctx, req)
 }

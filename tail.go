@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // TailOptions tunes StartTail.
@@ -21,7 +23,7 @@ const defaultTailInterval = 200 * time.Millisecond
 // processes included, and delivers them live through the same path as this
 // hub's own publishes: every row exactly once, in sequence order. Use it in
 // a process that serves SSE while others publish. interval <= 0 means
-// 200ms. If the hub's Store is a [Notifier] (PostgreSQL's LISTEN/NOTIFY,
+// 200ms. If the hub's Store is a [storage.Notifier] (PostgreSQL's LISTEN/NOTIFY,
 // say), the tail is woken at once by an append and the interval is only the
 // fallback poll, so a lost notification delays rows by at most the
 // interval and never loses one. An idle poll reads only the head, one indexed row; a database
@@ -71,7 +73,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 	delay, errDelay := time.Duration(0), interval
 	timer := time.NewTimer(delay)
 	defer timer.Stop()
-	notifier, _ := h.store.(Notifier)
+	notifier, _ := h.store.(storage.Notifier)
 	failing := false
 	for {
 		if notifier != nil && delay > 0 && !failing {
@@ -114,7 +116,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 // position. An error of n's other than d passing (a store closed, a lost
 // listener) is waited out until d has passed, so it never makes the tail
 // spin.
-func (h *EventHub) waitForAppend(ctx context.Context, n Notifier, d time.Duration) {
+func (h *EventHub) waitForAppend(ctx context.Context, n storage.Notifier, d time.Duration) {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	if err := n.WaitForAppend(wctx, h.live.position()); err != nil && wctx.Err() == nil {

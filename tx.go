@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replayd/replayd/internal/event"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -63,7 +64,7 @@ const txWatchMax = 100 * time.Millisecond
 // waits until it ends. Keep it short, and never call Publish inside fn
 // (it would wait for fn's own transaction, until the busy timeout fails it).
 // ctx bounds the whole transaction: once it ends, database/sql rolls it
-// back. A hub over a store that is not a [TxAppender] (PostgreSQL:
+// back. A hub over a store that is not a [storage.TxAppender] (PostgreSQL:
 // use replaydpg's Store.PublishSQLTx) returns an error wrapping
 // errors.ErrUnsupported.
 func (h *EventHub) InTx(ctx context.Context, fn func(tx *sql.Tx) error) (err error) {
@@ -139,11 +140,11 @@ func (h *EventHub) PublishTx(ctx context.Context, tx *sql.Tx, topic string, payl
 	if err != nil {
 		return Event{}, err
 	}
-	po := publishOptions{eventType: h.opts.DefaultType}
+	po := event.Options{Type: h.opts.DefaultType}
 	for _, o := range opts {
 		o(&po)
 	}
-	ev, err := prepareEvent(topic, payload, po)
+	ev, err := event.Prepare(topic, payload, po)
 	if err != nil {
 		return Event{}, err
 	}

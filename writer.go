@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/replayd/replayd/internal/event"
 )
 
 // The writer: Publish and PublishBatch hand their events to one writer
 // goroutine through a queue (pubqueue.go), which commits what is waiting
 // in one transaction (group commit), delivers it live and answers each
-// caller; a lone Publish over the SQLite store commits on its own
-// goroutine instead (commitAlone). docs/design.md, Publishing, says why.
+// caller; a lone Publish over a store whose Append returns with its ctx
+// (storage.PromptAppender: the SQLite store) commits on its own goroutine
+// instead (commitAlone). docs/design.md, Publishing, says why.
 
 // publishReq is one event handed to the writer, and where its answer goes.
 type publishReq struct {
@@ -77,8 +80,8 @@ func (h *EventHub) commitAlone(ctx context.Context, req *publishReq, start time.
 }
 
 // publishReq validates one publish and makes its request for the writer.
-func (h *EventHub) publishReq(topic string, payload any, po publishOptions) (*publishReq, error) {
-	ev, err := prepareEvent(topic, payload, po)
+func (h *EventHub) publishReq(topic string, payload any, po event.Options) (*publishReq, error) {
+	ev, err := event.Prepare(topic, payload, po)
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/event"
 )
 
 const (
@@ -62,9 +63,9 @@ const (
 //
 //	ev, err := store.PublishTx(ctx, tx, "orders", order)
 //
-// The arguments are Publish's and are checked as Publish checks them
-// (replayd.PrepareEvent), with a payload PostgreSQL would refuse refused
-// too (ErrInvalid), before anything is sent; the type is "message" unless
+// The arguments are Publish's and are checked as Publish checks them (by
+// the same code), with a payload PostgreSQL would refuse refused too
+// (ErrInvalid), before anything is sent; the type is "message" unless
 // replayd.WithType gives one (a hub's Options.DefaultType does not apply
 // here). The returned event holds its event id (a fresh UUIDv7 unless
 // replayd.WithEventID gives one), type, topic and payload, and no
@@ -137,14 +138,19 @@ func (s *Store) PublishSQLTx(ctx context.Context, tx *sql.Tx, topic string, payl
 	return st.event(ev), nil
 }
 
-// txEvent checks an event for PublishTx: Publish's checks, then
-// PostgreSQL's text. topicArg is the topic as a query argument (nil: a
+// txEvent checks an event for PublishTx: Publish's checks (the root
+// module's internal/event: the options applied over its DefaultType, then
+// event.Prepare), then PostgreSQL's text. topicArg is the topic as a query argument (nil: a
 // broadcast).
 func (s *Store) txEvent(topic string, payload any, opts []replayd.PublishOption) (ev replayd.Event, topicArg any, err error) {
 	if s.isClosed() {
 		return ev, nil, ErrClosed
 	}
-	ev, err = replayd.PrepareEvent(topic, payload, opts...)
+	o := event.Options{Type: event.DefaultType}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	ev, err = event.Prepare(topic, payload, o)
 	if err != nil {
 		return ev, nil, err
 	}
