@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/sqlitestore"
 )
 
@@ -210,10 +211,10 @@ func (opts Options) withDefaults() (Options, error) {
 		p.MaxLimit = defaultPollMaxLimit
 	}
 	if p.MemoryEvents == 0 {
-		p.MemoryEvents = pollWindowEvents
+		p.MemoryEvents = live.WindowEvents
 	}
 	if p.MemoryBytes == 0 {
-		p.MemoryBytes = pollWindowBytes
+		p.MemoryBytes = live.WindowBytes
 	}
 	return opts, nil
 }
@@ -244,7 +245,7 @@ type EventHub struct {
 	// the caller can leave.
 	alone bool
 
-	live live
+	live *live.Hub   // live delivery (internal/live)
 	txp  txPublisher // InTx and PublishTx (tx.go)
 
 	// conns counts open SSE streams and waiting long polls, against
@@ -280,7 +281,6 @@ type EventHub struct {
 	mu      sync.Mutex // guards the fields below, and wg.Add after Close
 	closed  bool
 	tailing bool
-	streams map[*stream]struct{}
 
 	// Test hooks, run by the SSE handler if set: after subscribing and
 	// before reading the log, and between the replay and going live.
@@ -453,7 +453,7 @@ func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult
 // SubscribeWithGaps) are skipped without a word: a subscriber that must know
 // uses SubscribeWithGaps.
 func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
-	return h.live.subscribe(fn, nil)
+	return h.live.Subscribe(fn, nil)
 }
 
 // SubscribeWithGaps is Subscribe for a subscriber that must know when it
@@ -465,7 +465,7 @@ func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
 // outside (see [Gap]). Treat a gap as "re-sync from a snapshot", as an SSE
 // client treats a gap frame. Either callback may be nil.
 func (h *EventHub) SubscribeWithGaps(fn func(Event), gap func(Gap)) (unsubscribe func()) {
-	return h.live.subscribe(fn, gap)
+	return h.subscribe(fn, gap)
 }
 
 // Replay returns up to limit of the oldest events visible to topic whose
@@ -538,10 +538,8 @@ func (h *EventHub) Close() error {
 	h.closed = true
 	h.cancel()
 	close(h.done)
-	for s := range h.streams {
-		s.kill()
-	}
 	h.mu.Unlock()
+	h.live.Close() // ends every open SSE stream
 	stopped := make(chan struct{})
 	go func() {
 		h.wg.Wait()
