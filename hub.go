@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/event"
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/sqlitestore"
 	"github.com/replayd/replayd/storage"
 )
@@ -212,10 +213,10 @@ func (opts Options) withDefaults() (Options, error) {
 		p.MaxLimit = defaultPollMaxLimit
 	}
 	if p.MemoryEvents == 0 {
-		p.MemoryEvents = pollWindowEvents
+		p.MemoryEvents = live.WindowEvents
 	}
 	if p.MemoryBytes == 0 {
-		p.MemoryBytes = pollWindowBytes
+		p.MemoryBytes = live.WindowBytes
 	}
 	return opts, nil
 }
@@ -246,7 +247,7 @@ type EventHub struct {
 	// a call deaf to its ctx holds up the writer, and the caller can leave.
 	alone bool
 
-	live live
+	live *live.Hub   // live delivery (internal/live)
 	txp  txPublisher // InTx and PublishTx (tx.go)
 
 	// conns counts open SSE streams and waiting long polls, against
@@ -282,7 +283,6 @@ type EventHub struct {
 	mu      sync.Mutex // guards the fields below, and wg.Add after Close
 	closed  bool
 	tailing bool
-	streams map[*stream]struct{}
 
 	// Test hooks, run by the SSE handler if set: after subscribing and
 	// before reading the log, and between the replay and going live.
@@ -435,7 +435,7 @@ func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult
 // SubscribeWithGaps) are skipped without a word: a subscriber that must know
 // uses SubscribeWithGaps.
 func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
-	return h.live.subscribe(fn, nil)
+	return h.live.Subscribe(fn, nil)
 }
 
 // SubscribeWithGaps is Subscribe for a subscriber that must know when it
@@ -447,7 +447,7 @@ func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
 // outside (see [Gap]). Treat a gap as "re-sync from a snapshot", as an SSE
 // client treats a gap frame. Either callback may be nil.
 func (h *EventHub) SubscribeWithGaps(fn func(Event), gap func(Gap)) (unsubscribe func()) {
-	return h.live.subscribe(fn, gap)
+	return h.subscribe(fn, gap)
 }
 
 // Replay returns up to limit of the oldest events visible to topic whose
@@ -520,10 +520,8 @@ func (h *EventHub) Close() error {
 	h.closed = true
 	h.cancel()
 	close(h.done)
-	for s := range h.streams {
-		s.kill()
-	}
 	h.mu.Unlock()
+	h.live.Close() // ends every open SSE stream
 	stopped := make(chan struct{})
 	go func() {
 		h.wg.Wait()

@@ -279,9 +279,7 @@ func TestStatsAndTracker(t *testing.T) {
 	a2.Close()
 	wiretest.WaitUntil(t, "tracker to see the disconnects", func() bool { return h.Clients().ActiveClients("a") == 0 })
 	// The subscriptions are gone too.
-	h.live.subsMu.Lock()
-	subs := len(h.live.byTopic["a"])
-	h.live.subsMu.Unlock()
+	subs := h.live.StreamsOf("a")
 	if subs != 0 {
 		t.Fatalf("%d subscriptions left on topic a", subs)
 	}

@@ -71,8 +71,8 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 	}
 	get := func(q url.Values, fromLog bool) (int, []byte) {
 		t.Helper()
-		cur.Load().live.pollWin.off.Store(fromLog)
-		defer cur.Load().live.pollWin.off.Store(false)
+		cur.Load().live.SetWindowOff(fromLog)
+		defer cur.Load().live.SetWindowOff(false)
 		resp, body := wiretest.Do(t, http.DefaultClient, http.MethodGet, srv.URL+"?"+q.Encode(), nil, wiretest.WaitFor)
 		return resp.StatusCode, body
 	}
@@ -122,7 +122,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 				}
 			}
 			for i, req := range reqs {
-				got, _, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark)
+				got, ok := h.live.WindowAnswer(req, probe.Head, probe.Watermark)
 				if !ok {
 					continue
 				}
@@ -204,7 +204,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if got, _, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark); ok {
+				if got, ok := h.live.WindowAnswer(req, probe.Head, probe.Watermark); ok {
 					want, err := h.store.Read(ctx, req)
 					if err != nil {
 						t.Fatal(err)
@@ -347,13 +347,13 @@ func TestPollProbeStartedBeforeNotShared(t *testing.T) {
 	var releaseOnce sync.Once
 	defer releaseOnce.Do(func() { close(release) }) // before the cleanups wait for the polls
 	first := true
-	h.live.probe.hook = func() { // called by one probe at a time
+	h.live.SetProbeHook(func() { // called by one probe at a time
 		if first {
 			first = false
 			close(reading)
 			<-release
 		}
-	}
+	})
 	poll := func(cursor int64) <-chan string {
 		out := make(chan string, 1)
 		go func() {
@@ -374,10 +374,7 @@ func TestPollProbeStartedBeforeNotShared(t *testing.T) {
 	b := poll(ev1.Sequence)
 	// b waits for a probe of its own.
 	for deadline := time.Now().Add(waitFor); ; time.Sleep(time.Millisecond) {
-		h.live.probe.mu.Lock()
-		waiting := h.live.probe.pending != nil && h.live.probe.pending != h.live.probe.last
-		h.live.probe.mu.Unlock()
-		if waiting {
+		if h.live.ProbeWaiting() {
 			break
 		}
 		if time.Now().After(deadline) {

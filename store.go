@@ -117,7 +117,6 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 		clients: newTopicClientTracker(),
 		queue:   newPubQueue(),
 		done:    make(chan struct{}),
-		streams: make(map[*stream]struct{}),
 	}
 	h.log = &EventLog{store: s}
 	if pa, ok := s.(storage.PromptAppender); ok {
@@ -130,16 +129,16 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 			return nil, err
 		}
 	}
-	if h.live.pos, err = s.Head(ctx); err != nil {
+	head, err := s.Head(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
+	h.live = h.newLive(head)
 	pool := 0
 	if ps, ok := s.(storage.PoolSizer); ok {
 		pool = ps.PoolSize()
 	}
 	h.handshakes = make(chan struct{}, handshakeSlots(pool))
-	h.live.init()
-	h.live.pollWin.limit(opts.Poll.MemoryEvents, opts.Poll.MemoryBytes)
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.writeCtx, h.writeCancel = context.WithCancel(context.Background())
 	h.abandoned = make(chan struct{})

@@ -223,11 +223,12 @@ func TestCatchUpReadsWithoutTheDeliveryLock(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("the tail never read")
 	}
-	if !ha.live.mu.TryLock() {
+	release, ok := ha.live.TryHoldDispatch()
+	if !ok {
 		close(gs.gate)
 		t.Fatal("the delivery lock is held during the catch-up's read")
 	}
-	ha.live.mu.Unlock()
+	release()
 	close(gs.gate)
 	wiretest.WaitUntil(t, "b's rows delivered on a", func() bool { return len(got()) == 3 })
 	if g := got(); len(g) != 3 || g[0] != want[0] || g[2] != want[2] {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/internal/wiretest"
 	"github.com/replayd/replayd/storage"
 )
@@ -176,4 +177,18 @@ func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
 		t.Fatalf("subscriber got %q, want %q", got, want)
 	}
 	c.Ended("connected before the unreadable rows")
+}
+
+// The root's Gap is internal/live's, converted: the reasons must agree.
+func TestGapReasonsAreLiveDeliverys(t *testing.T) {
+	for _, c := range [][2]string{
+		{GapPruned, live.GapPruned},
+		{GapUnreadable, live.GapUnreadable},
+		{GapUnknownCursor, live.GapUnknownCursor},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("root reason %q, internal/live's %q", c[0], c[1])
+		}
+	}
+	_ = Gap(live.Gap{}) // the conversion SubscribeWithGaps makes
 }

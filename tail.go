@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/storage"
+
+	"github.com/replayd/replayd/internal/live"
 )
 
 // TailOptions tunes StartTail.
@@ -23,7 +25,7 @@ const defaultTailInterval = 200 * time.Millisecond
 // processes included, and delivers them live through the same path as this
 // hub's own publishes: every row exactly once, in sequence order. Use it in
 // a process that serves SSE while others publish. interval <= 0 means
-// 200ms. If the hub's Store is a [storage.Notifier] (PostgreSQL's LISTEN/NOTIFY,
+// 200ms. If the hub's Store is a [Notifier] (PostgreSQL's LISTEN/NOTIFY,
 // say), the tail is woken at once by an append and the interval is only the
 // fallback poll, so a lost notification delays rows by at most the
 // interval and never loses one. An idle poll reads only the head, one indexed row; a database
@@ -91,7 +93,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 		if ctx.Err() != nil {
 			return
 		}
-		n, err := h.poll(ctx)
+		n, err := h.tailOnce(ctx)
 		failing = err != nil
 		h.metrics.tailPolled()
 		switch {
@@ -101,7 +103,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 			}
 			h.logger.Warn("replayd: tail poll failed; retrying", "in", errDelay, "err", err)
 			delay, errDelay = errDelay, min(2*errDelay, errCeiling)
-		case n >= catchUpPage:
+		case n >= live.CatchUpPage:
 			delay, errDelay = 0, interval // a full page: more is waiting
 		case n > 0 || maxInterval <= 0:
 			delay, errDelay = interval, interval
@@ -119,20 +121,20 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 func (h *EventHub) waitForAppend(ctx context.Context, n storage.Notifier, d time.Duration) {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	if err := n.WaitForAppend(wctx, h.live.position()); err != nil && wctx.Err() == nil {
+	if err := n.WaitForAppend(wctx, h.live.Position()); err != nil && wctx.Err() == nil {
 		<-wctx.Done()
 	}
 }
 
-// poll delivers rows above the live position, a page at most, through
-// live delivery's one path (deliver), and reports how many it read. When
-// nothing new is committed it reads only the head.
-func (h *EventHub) poll(ctx context.Context) (int, error) {
+// tailOnce delivers rows above the live position, a page at most, through
+// live delivery's one path (live.Hub.Deliver), and reports how many it
+// read. When nothing new is committed it reads only the head.
+func (h *EventHub) tailOnce(ctx context.Context) (int, error) {
 	head, err := h.store.Head(ctx)
 	if err != nil {
 		return 0, err
 	}
-	n, newest, err := h.deliver(head, nil, true)
+	n, newest, err := h.live.Deliver(head, nil, true)
 	switch {
 	case err != nil:
 	case !newest.IsZero():

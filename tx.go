@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/event"
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -200,11 +201,11 @@ func (h *EventHub) deliverCommitted(evs []Event) {
 	}
 	for i := 1; i < n; i++ {
 		if evs[i].Sequence != evs[i-1].Sequence+1 {
-			h.deliver(evs[n-1].Sequence, nil, false)
+			h.live.Deliver(evs[n-1].Sequence, nil, false)
 			return
 		}
 	}
-	h.deliver(evs[0].Sequence-1, evs, false)
+	h.live.Deliver(evs[0].Sequence-1, evs, false)
 }
 
 // watchCommit makes the watch look for rows up to seq, published in tx, a
@@ -285,15 +286,15 @@ func (h *EventHub) watchLoop() {
 		ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 		head, err := h.store.Head(ctx)
 		cancel()
-		if err == nil && head > h.live.position() {
+		if err == nil && head > h.live.Position() {
 			for {
-				n, _, err := h.deliver(head, nil, true)
-				if err != nil || n < catchUpPage {
+				n, _, err := h.live.Deliver(head, nil, true)
+				if err != nil || n < live.CatchUpPage {
 					break
 				}
 			}
 		}
-		pos := h.live.position()
+		pos := h.live.Position()
 		t.mu.Lock()
 		for _, tx := range ended {
 			delete(t.open, tx)

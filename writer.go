@@ -270,12 +270,12 @@ func (h *EventHub) commit(ctx context.Context, batch []*publishReq) {
 		// Another process may have committed rows between them: deliver
 		// each after what lies below it.
 		for _, ev := range fresh {
-			h.deliver(ev.Sequence-1, []Event{ev}, false)
+			h.live.Deliver(ev.Sequence-1, []Event{ev}, false)
 		}
 	case len(fresh) > 0:
 		// One atomic batch: sequence order being visibility order, no
 		// other row lies between its rows.
-		h.deliver(fresh[0].Sequence-1, fresh, false)
+		h.live.Deliver(fresh[0].Sequence-1, fresh, false)
 	}
 	for i, r := range batch {
 		if res[i].Err != nil {
