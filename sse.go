@@ -11,12 +11,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// writeTimeout bounds each write to a client (a write gets between half of
-// it and all of it, see write). A client that cannot take a write that long
-// is disconnected; it resumes from the log.
-const writeTimeout = 15 * time.Second
+	"github.com/replayd/replayd/storage"
+
+	"github.com/replayd/replayd/internal/live"
+)
 
 // sseHandler is the hub's SSE endpoint.
 type sseHandler EventHub
@@ -122,7 +121,7 @@ func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request, allow strin
 // needs, and what its end must undo.
 type liveStream struct {
 	h      *EventHub
-	s      *stream
+	s      *live.Stream
 	w      http.ResponseWriter
 	ctx    context.Context
 	topics []string
@@ -170,13 +169,7 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 		endEarly(w, "access revoked")
 		return nil
 	}
-	s := &stream{
-		m:      &h.metrics,
-		topics: topics,
-		rc:     http.NewResponseController(w),
-		max:    o.MaxBufferedBytes,
-		wake:   make(chan struct{}, 1),
-	}
+	s := live.NewStream(topics, http.NewResponseController(w), o.MaxBufferedBytes)
 	if !h.addStream(s) {
 		endEarly(w, "server is shutting down")
 		return nil
@@ -185,9 +178,9 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 	if len(topics) == 1 {
 		l.topic = topics[0]
 	}
-	live := false
+	isLive := false
 	defer func() {
-		if !live { // an early end, or a panic on its way up
+		if !isLive { // an early end, or a panic on its way up
 			l.finish()
 		}
 	}()
@@ -196,7 +189,7 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 
 	// Subscribe before reading the head: every row committed later is
 	// queued on s, every row committed earlier is at or below the head.
-	h.live.addStream(s)
+	h.live.AddStream(s)
 	if h.testHookAfterSubscribe != nil {
 		h.testHookAfterSubscribe()
 	}
@@ -244,13 +237,13 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 	if l.topic != "" {
 		hi.Topic = &l.topic
 	}
-	if !s.send(w, func(b []byte) []byte {
+	if !s.Send(w, func(b []byte) []byte {
 		if o.Retry > 0 {
 			b = appendRetry(b, o.Retry.Milliseconds())
 		}
-		b = appendEventFrame(b, Event{Sequence: cursor, Type: "hello", Payload: mustJSON(hi)})
+		b = live.AppendEventFrame(b, Event{Sequence: cursor, Type: "hello", Payload: mustJSON(hi)})
 		if g != nil {
-			b = appendFrame(b, o.GapEventType, mustJSON(g))
+			b = live.AppendFrame(b, o.GapEventType, mustJSON(g))
 		}
 		return b
 	}) {
@@ -270,7 +263,7 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 	// Live. Everything at or below the head was replayed, named in the
 	// gap, or is invisible to this scope; the queue may repeat some of it.
 	l.floor = hs.Head
-	live = true
+	isLive = true
 	return l
 }
 
@@ -278,12 +271,12 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 // counts and the hub.
 func (l *liveStream) finish() {
 	h, s := l.h, l.s
-	h.live.removeStream(s)
+	h.live.RemoveStream(s)
 	h.metrics.connClosed(transportSSE)
 	h.clients.closed(l.topics)
-	if s.wasCut() {
+	if s.WasCut() {
 		h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
-			"topics", l.topics, "remote", l.remote, "maxBufferedBytes", s.max)
+			"topics", l.topics, "remote", l.remote, "maxBufferedBytes", h.opts.SSE.MaxBufferedBytes)
 	}
 	h.removeStream(s)
 }
@@ -304,7 +297,7 @@ func (l *liveStream) liveLoop() {
 	})
 	defer l.disarm()
 	for {
-		<-l.s.wake
+		<-l.s.Wake()
 		if !l.step() {
 			return
 		}
@@ -312,12 +305,7 @@ func (l *liveStream) liveLoop() {
 }
 
 // signal wakes liveLoop.
-func (l *liveStream) signal() {
-	select {
-	case l.s.wake <- struct{}{}:
-	default:
-	}
-}
+func (l *liveStream) signal() { l.s.Signal() }
 
 // arm starts what wakes a live stream besides its queue: its heartbeat
 // timer, which calls beat, and its context's end, which calls wake.
@@ -354,7 +342,7 @@ func (l *liveStream) step() bool {
 		return false
 	default:
 	}
-	if !l.deliver() {
+	if !l.writeQueued() {
 		return false
 	}
 	if l.beatDue.Swap(false) {
@@ -366,28 +354,28 @@ func (l *liveStream) step() bool {
 	return true
 }
 
-// deliver writes what the queue holds above the floor; false if the stream
-// must end.
-func (l *liveStream) deliver() bool {
+// writeQueued writes what the queue holds above the floor; false if the
+// stream must end.
+func (l *liveStream) writeQueued() bool {
 	s := l.s
-	q, ok := s.take()
+	q, ok := s.Take()
 	if !ok || isRevoked(l.ctx) {
-		s.release(q)
+		s.Release(q)
 		return false
 	}
 	if len(q) == 0 {
 		return true
 	}
-	ok = s.send(l.w, func(b []byte) []byte {
-		for _, le := range q {
-			if le.Sequence > l.floor {
-				b = append(b, le.frame...)
-				l.floor = le.Sequence
+	ok = s.Send(l.w, func(b []byte) []byte {
+		for _, f := range q {
+			if f.Sequence > l.floor {
+				b = append(b, f.Bytes...)
+				l.floor = f.Sequence
 			}
 		}
 		return b
 	})
-	s.release(q)
+	s.Release(q)
 	return ok
 }
 
@@ -405,7 +393,7 @@ func (l *liveStream) beat(now time.Time) bool {
 	if err != nil {
 		l.h.logger.Warn("replayd: encode HeartbeatData", "topic", l.topic, "err", err)
 	}
-	return l.s.send(l.w, func(b []byte) []byte { return appendFrame(b, "heartbeat", data) })
+	return l.s.Send(l.w, func(b []byte) []byte { return live.AppendFrame(b, "heartbeat", data) })
 }
 
 // canFlush reports whether w can flush, found out as http.ResponseController
@@ -438,17 +426,17 @@ const (
 // scope above the last event written, the page just read may lack rows:
 // the stream ends instead, and the client's reconnect gets a pruned gap.
 // It returns how many events it wrote, and false if the stream must end.
-func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs Window) (n int, ok bool) {
+func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *live.Stream, topics []string, hs storage.Window) (n int, ok bool) {
 	for after := hs.From - 1; after < hs.Head; {
 		if isRevoked(ctx) || !h.acquireRead(ctx) {
 			return n, false
 		}
 		var (
-			p   Page
+			p   storage.Page
 			err error
 		)
 		offStack(func() {
-			p, err = h.store.Read(ctx, ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
+			p, err = h.store.Read(ctx, storage.ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
 		})
 		h.releaseRead()
 		page, mark := p.Events, p.Watermark
@@ -467,9 +455,9 @@ func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream,
 		case len(page) == 0:
 			return n, true
 		}
-		ok := s.send(w, func(b []byte) []byte {
+		ok := s.Send(w, func(b []byte) []byte {
 			for _, ev := range page {
-				b = appendEventFrame(b, ev)
+				b = live.AppendEventFrame(b, ev)
 			}
 			return b
 		})
@@ -489,7 +477,7 @@ func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream,
 // of its own: SQLite's code grows the stack that runs it, and a handler's
 // stack stays that size for as long as the connection is open (measured:
 // 38.5 against 30.6 KiB per idle connection).
-func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs Window, err error) {
+func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs storage.Window, err error) {
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
 			return hs, ctx.Err()
@@ -527,7 +515,7 @@ func endEarly(w http.ResponseWriter, reason string) {
 }
 
 // gapFor returns the gap frame a new stream is owed, or nil (PROTOCOL.md, "gap").
-func gapFor(rawCursor string, cursor int64, valid bool, hs Window, limit int) *gap {
+func gapFor(rawCursor string, cursor int64, valid bool, hs storage.Window, limit int) *gap {
 	switch {
 	case rawCursor == "":
 		return nil
@@ -565,176 +553,30 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// addStream registers s so Close and resync can end it; false if the hub
+// addStream registers s so Close and a resync can end it; false if the hub
 // is closed.
-func (h *EventHub) addStream(s *stream) bool {
+func (h *EventHub) addStream(s *live.Stream) bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
+		h.mu.Unlock()
 		return false
 	}
-	h.streams[s] = struct{}{}
 	h.wg.Add(1)
+	h.mu.Unlock()
+	if !h.live.Track(s) { // closed since
+		h.wg.Done()
+		return false
+	}
 	return true
 }
 
-func (h *EventHub) removeStream(s *stream) {
-	h.mu.Lock()
-	delete(h.streams, s)
-	h.mu.Unlock()
+func (h *EventHub) removeStream(s *live.Stream) {
+	h.live.Untrack(s)
 	h.wg.Done()
-}
-
-// stream is one SSE connection's queue of live frames. Publishers push onto
-// it without ever waiting; the handler goroutine drains it into one write
-// and one flush.
-type stream struct {
-	m      *metrics
-	topics []string // the scope; none: global
-	rc     *http.ResponseController
-
-	// lastPushed is the sequence pushed last, so that an event matching
-	// several of the stream's subscriptions is queued once. Guarded by the
-	// hub's live.subsMu.
-	lastPushed int64
-
-	max  int           // cap on queued bytes; negative: none
-	wake chan struct{} // signalled when the queue gains frames or s dies
-
-	mu       sync.Mutex // guards the fields below
-	queue    []*liveEvent
-	spare    []*liveEvent // the drained queue, reused
-	queued   int          // bytes pushed and not yet written
-	dead     bool         // over the cap or killed: the stream must end
-	cut      bool         // killed for passing the cap
-	deadline time.Time    // the write deadline set last
-}
-
-// push queues le, or kills the stream if that would pass its cap.
-func (s *stream) push(le *liveEvent) {
-	s.mu.Lock()
-	if s.dead {
-		s.mu.Unlock()
-		return
-	}
-	// The cap applies only once something is unsent, so a frame of any
-	// size Publish accepts always fits an empty queue. Frames are shared by
-	// every connection, so the one frame costs a connection no memory.
-	if s.max >= 0 && s.queued > 0 && s.queued+len(le.frame) > s.max {
-		s.m.slowConsumerCut()
-		s.cut = true
-		s.killLocked()
-		s.mu.Unlock()
-		return
-	}
-	if s.queue == nil {
-		s.queue, s.spare = s.spare, nil
-	}
-	s.queue = append(s.queue, le)
-	s.queued += len(le.frame)
-	s.mu.Unlock()
-	s.m.liveFramesQueued(1)
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-// wasCut reports whether the stream was ended for passing its cap.
-func (s *stream) wasCut() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cut
-}
-
-// take returns the queued frames; false if the stream must end.
-func (s *stream) take() ([]*liveEvent, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q := s.queue
-	s.queue = nil
-	return q, !s.dead
-}
-
-// release returns a drained queue once its frames are written.
-func (s *stream) release(q []*liveEvent) {
-	n := 0
-	for _, le := range q {
-		n += len(le.frame)
-	}
-	clear(q)
-	s.mu.Lock()
-	s.queued -= n
-	if s.spare == nil && cap(q) <= 1024 { // at most 8 KiB kept after a burst
-		s.spare = q[:0]
-	}
-	s.mu.Unlock()
 }
 
 // bufPool holds write buffers, so an idle connection keeps none.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
-
-// send builds frames with build into a pooled buffer, writes and flushes
-// them; false if the stream must end.
-func (s *stream) send(w http.ResponseWriter, build func([]byte) []byte) bool {
-	bp := bufPool.Get().(*[]byte)
-	b := build((*bp)[:0])
-	ok := s.write(w, b)
-	if cap(b) <= 64<<10 { // a burst's big buffer is left to the GC
-		*bp = b[:0]
-		bufPool.Put(bp)
-	}
-	return ok
-}
-
-// write writes b and flushes, within writeTimeout; false if the stream
-// must end.
-func (s *stream) write(w http.ResponseWriter, b []byte) bool {
-	s.mu.Lock()
-	if s.dead {
-		s.mu.Unlock()
-		return false
-	}
-	// Moving the deadline costs a runtime timer update, so it is moved only
-	// once half of it is used up: every write gets 7.5 to 15s. It is set
-	// under mu, so a concurrent kill's deadline is never overwritten.
-	if now := time.Now(); now.After(s.deadline.Add(-writeTimeout / 2)) {
-		s.deadline = now.Add(writeTimeout)
-		if err := s.rc.SetWriteDeadline(s.deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			s.mu.Unlock()
-			return false
-		}
-	}
-	s.mu.Unlock()
-	if len(b) > 0 {
-		if _, err := w.Write(b); err != nil {
-			return false
-		}
-	}
-	return s.rc.Flush() == nil
-}
-
-// kill ends the stream: its handler returns at its next step, and a write
-// in progress fails at once.
-func (s *stream) kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-}
-
-func (s *stream) killLocked() {
-	if s.dead {
-		return
-	}
-	s.dead = true
-	clear(s.queue)
-	s.queue = nil
-	_ = s.rc.SetWriteDeadline(time.Now())
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
 
 // handshakeSlots is how many SSE log reads may run at once on a pool of
 // poolSize connections (0: unlimited): two fewer than the pool, one
