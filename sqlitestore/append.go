@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/storage"
+	"modernc.org/sqlite"
 )
 
 // logWriter is the connection the hub's writer goroutine appends on, with
@@ -52,8 +53,14 @@ type logWriter struct {
 	// undo itself; past 64 KiB SQLite spills it to a temporary file. Rows
 	// over 100 topics change a page each, and the spill's writes were as
 	// many as the commit's.
+	//
+	// On a WAL database it also turns wal_autocheckpoint off (from
+	// autoCheckpoint, the pool's value), and the store's checkpointer
+	// takes the checkpoints this connection's commits make due (see
+	// checkpoint.go).
 	pragmas                bool
 	busyTimeout, tempStore int64
+	autoCheckpoint         int64 // 0: left as it was
 }
 
 // lastRow is the log's newest row as insertRows needs it.
@@ -117,6 +124,26 @@ func (w *logWriter) setPragmas(ctx context.Context) error {
 		return err
 	}
 	w.pragmas, w.busyTimeout, w.tempStore = true, ms, temp
+	if !w.store.wal {
+		return nil
+	}
+	var pages int64
+	if err := w.conn.QueryRowContext(ctx, "PRAGMA wal_autocheckpoint").Scan(&pages); err != nil {
+		return err
+	}
+	if pages <= 0 || !w.countsPages() {
+		// Checkpoints turned off for the pool (someone else takes them),
+		// or a driver that cannot count the pages a commit wrote: SQLite
+		// checkpoints in the commits, as on any other connection.
+		return nil
+	}
+	if _, err := w.conn.ExecContext(ctx, "PRAGMA wal_autocheckpoint = 0"); err != nil {
+		return err
+	}
+	w.autoCheckpoint = pages
+	if w.store.ckpt == nil {
+		w.store.ckpt = startCheckpointer(w.store.db, pages, w.store.logger)
+	}
 	return nil
 }
 
@@ -135,6 +162,10 @@ func (w *logWriter) close(broken bool) {
 	if !broken && w.pragmas {
 		_, err := w.conn.ExecContext(context.Background(),
 			fmt.Sprintf("PRAGMA busy_timeout = %d; PRAGMA temp_store = %d", w.busyTimeout, w.tempStore))
+		if err == nil && w.autoCheckpoint > 0 {
+			_, err = w.conn.ExecContext(context.Background(),
+				fmt.Sprintf("PRAGMA wal_autocheckpoint = %d", w.autoCheckpoint))
+		}
 		broken = err != nil
 	}
 	if broken {
@@ -208,6 +239,9 @@ func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool)
 	if err = w.insertRows(ctx, evs, dup); err == nil {
 		// A fresh context: a cancelled one must not leave the transaction open.
 		if _, err = w.commit.ExecContext(context.Background()); err == nil {
+			if w.autoCheckpoint > 0 {
+				w.afterCommitCheckpoint()
+			}
 			v, ok := w.dataVersion()
 			w.version, w.topOK = v, ok && w.topSet
 			return false, nil
@@ -252,6 +286,48 @@ func (w *logWriter) dataVersion() (v uint32, ok bool) {
 }
 
 var errNoDataVersion = errors.New("no data version")
+
+// afterCommitCheckpoint reports the pages the commit wrote to the
+// checkpointer, or, when the checkpointer cannot keep the WAL bounded,
+// checkpoints it here (see checkpointer): a PASSIVE checkpoint, which
+// never waits, and, under writeMu, overlaps no commit of this process.
+func (w *logWriter) afterCommitCheckpoint() {
+	c := w.store.ckpt
+	c.wrote(w.walPages())
+	if c.takeOver() {
+		// Failing only delays it: the checkpointer's next one, or
+		// SQLite's own as the pool's connections close.
+		w.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
+	}
+}
+
+// countsPages reports whether walPages can tell.
+func (w *logWriter) countsPages() (ok bool) {
+	w.conn.Raw(func(dc any) error {
+		_, ok = dc.(pageCounter)
+		return nil
+	})
+	return ok
+}
+
+// pageCounter is modernc.org/sqlite's connection, as walPages needs it.
+type pageCounter interface {
+	Status(op sqlite.DBStatusOp, reset bool) (current, high int, err error)
+}
+
+// walPages returns the pages the connection wrote to the WAL since it was
+// last asked (SQLITE_DBSTATUS_CACHE_WRITE, reset as it is read): its last
+// commit's, in the writer. It runs no statement; 0 if the driver cannot
+// tell (see countsPages).
+func (w *logWriter) walPages() (pages int) {
+	w.conn.Raw(func(dc any) error {
+		if st, is := dc.(pageCounter); is {
+			pages, _, _ = st.Status(sqlite.DBStatusCacheWrite, true)
+		}
+		return nil
+	})
+	return pages
+}
 
 // readLastRow returns the log's newest row, from what the writer left after
 // its last commit if no other connection has written the file since. When

@@ -48,6 +48,10 @@ type Store struct {
 	writeMu sync.Mutex
 	writer  *logWriter // Append's connection
 	closed  bool
+	// ckpt takes the checkpoints the writer's commits make due (see
+	// checkpoint.go); nil until the writer's connection first turns its own
+	// off, on a WAL database. Set under writeMu; stopped by Close.
+	ckpt *checkpointer
 
 	// issued is the highest sequence this store knows its log issued: its
 	// appends' and every head it read. A head below it means the log was

@@ -98,6 +98,9 @@ func (l *Store) Close() error {
 	defer l.writeMu.Unlock()
 	l.closed = true
 	l.releaseWriter(false)
+	if l.ckpt != nil {
+		l.ckpt.stop()
+	}
 	l.stmts.close()
 	return nil
 }
