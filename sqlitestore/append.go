@@ -70,13 +70,13 @@ type lastRow struct {
 	empty          bool // the log has no row
 }
 
-func openLogWriter(ctx context.Context, l *Store) (*logWriter, error) {
-	db := l.db
+func openLogWriter(ctx context.Context, s *Store) (*logWriter, error) {
+	db := s.db
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	w := &logWriter{store: l, conn: conn, newest: -1}
+	w := &logWriter{store: s, conn: conn, newest: -1}
 	// A pool of one (":memory:") lends the writer its connection for one
 	// batch at a time, has no other connection to wait for, and no file.
 	if db.Stats().MaxOpenConnections != 1 {
@@ -181,15 +181,15 @@ func (w *logWriter) close(broken bool) {
 // and never below the newest stored row's.
 //
 // The caller holds l.writeMu.
-func (l *Store) appendBatch(ctx context.Context, evs []storage.Event, dup []bool) error {
-	if err := l.reserveWriter(ctx); err != nil {
+func (s *Store) appendBatch(ctx context.Context, evs []storage.Event, dup []bool) error {
+	if err := s.reserveWriter(ctx); err != nil {
 		return err
 	}
-	broken, err := l.writer.append(ctx, evs, dup)
+	broken, err := s.writer.append(ctx, evs, dup)
 	// A pool of one connection (":memory:") cannot lend it to the writer
 	// for good: give it back after every batch.
-	if broken || l.db.Stats().MaxOpenConnections == 1 {
-		l.releaseWriter(broken)
+	if broken || s.db.Stats().MaxOpenConnections == 1 {
+		s.releaseWriter(broken)
 	}
 	return err
 }
@@ -199,22 +199,22 @@ func (l *Store) appendBatch(ctx context.Context, evs []storage.Event, dup []bool
 // connection behind readers; appendBatch calls it again after a broken
 // connection was dropped, or on a pool of one, which the writer cannot keep.
 // The caller holds l.writeMu.
-func (l *Store) reserveWriter(ctx context.Context) error {
-	if l.writer != nil {
+func (s *Store) reserveWriter(ctx context.Context) error {
+	if s.writer != nil {
 		return nil
 	}
-	w, err := openLogWriter(ctx, l)
+	w, err := openLogWriter(ctx, s)
 	if err != nil {
 		return err
 	}
-	l.writer = w
+	s.writer = w
 	return nil
 }
 
-func (l *Store) releaseWriter(broken bool) {
-	if l.writer != nil {
-		l.writer.close(broken)
-		l.writer = nil
+func (s *Store) releaseWriter(broken bool) {
+	if s.writer != nil {
+		s.writer.close(broken)
+		s.writer = nil
 	}
 }
 
@@ -598,22 +598,22 @@ func (w *logWriter) lastTopicOrdinal(ctx context.Context, topic string) (int64, 
 
 // probeWrite takes the write lock on the writer's connection and releases
 // it, writing nothing. The caller holds l.writeMu.
-func (l *Store) probeWrite(ctx context.Context) error {
-	if l.writer == nil {
-		w, err := openLogWriter(ctx, l)
+func (s *Store) probeWrite(ctx context.Context) error {
+	if s.writer == nil {
+		w, err := openLogWriter(ctx, s)
 		if err != nil {
 			return err
 		}
-		l.writer = w
+		s.writer = w
 	}
-	err := l.writer.beginWrite(ctx)
+	err := s.writer.beginWrite(ctx)
 	broken := false
 	if err == nil {
-		_, rerr := l.writer.rollback.ExecContext(context.Background())
+		_, rerr := s.writer.rollback.ExecContext(context.Background())
 		broken = rerr != nil
 	}
-	if broken || l.db.Stats().MaxOpenConnections == 1 {
-		l.releaseWriter(broken) // as appendBatch does
+	if broken || s.db.Stats().MaxOpenConnections == 1 {
+		s.releaseWriter(broken) // as appendBatch does
 	}
 	if err != nil {
 		return fmt.Errorf("take the write lock: %w", err)

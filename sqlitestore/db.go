@@ -96,8 +96,8 @@ const (
 // writeTx runs fn inside BEGIN IMMEDIATE on one pooled connection, so the
 // write lock is taken up front and a busy database is waited for by the busy
 // timeout instead of failing a deferred transaction's upgrade.
-func (l *Store) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err error) {
-	conn, err := l.db.Conn(ctx)
+func (s *Store) writeTx(ctx context.Context, fn func(*sql.Conn) error) (err error) {
+	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return err
 	}

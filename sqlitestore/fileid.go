@@ -107,15 +107,15 @@ func (g *fileGuard) check(force bool) (found bool, err error) {
 // checkFile returns an error wrapping ErrLogReplaced once the database
 // file was deleted or replaced, and logs that at Error the first time.
 // Without force it looks at the file at most once per fileCheckInterval.
-func (l *Store) checkFile(force bool) error {
-	if l.file == nil {
+func (s *Store) checkFile(force bool) error {
+	if s.file == nil {
 		return nil
 	}
-	found, err := l.file.check(force)
-	if found && l.logger != nil {
-		l.logger.Error("replayd: the database file was deleted or replaced under the hub; every publish is refused. "+
+	found, err := s.file.check(force)
+	if found && s.logger != nil {
+		s.logger.Error("replayd: the database file was deleted or replaced under the hub; every publish is refused. "+
 			"Close the hub and the *sql.DB, put the right file in place and open them again",
-			"path", l.file.path, "err", err)
+			"path", s.file.path, "err", err)
 	}
 	return err
 }

@@ -46,10 +46,10 @@ const (
 // and after. A clock at or behind the head raises nothing; one behind it is
 // logged, if logger is not nil: a backup restored later may then reuse
 // sequences.
-func (l *Store) raiseFloor(ctx context.Context, now int64, logger *slog.Logger) (before, after int64, err error) {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
-	err = l.writeTx(ctx, func(conn *sql.Conn) error {
+func (s *Store) raiseFloor(ctx context.Context, now int64, logger *slog.Logger) (before, after int64, err error) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	err = s.writeTx(ctx, func(conn *sql.Conn) error {
 		if err := conn.QueryRowContext(ctx, qHead).Scan(&before); err != nil {
 			return err
 		}
@@ -65,7 +65,7 @@ func (l *Store) raiseFloor(ctx context.Context, now int64, logger *slog.Logger) 
 			"head", before, "clockMicros", now)
 	}
 	if err == nil {
-		l.saw(after)
+		s.saw(after)
 	}
 	return before, after, err
 }
@@ -115,10 +115,10 @@ func skipTo(ctx context.Context, c execer, head, to int64) error {
 // (docs/restore.md).
 
 // saw records that the log issued seq (an append's, or a head read).
-func (l *Store) saw(seq int64) {
+func (s *Store) saw(seq int64) {
 	for {
-		cur := l.issued.Load()
-		if seq <= cur || l.issued.CompareAndSwap(cur, seq) {
+		cur := s.issued.Load()
+		if seq <= cur || s.issued.CompareAndSwap(cur, seq) {
 			return
 		}
 	}
@@ -128,8 +128,8 @@ func (l *Store) saw(seq int64) {
 // floor if head, the log's head as the transaction reads it, is below a
 // sequence the store knows was issued (see above). It returns the head
 // the transaction's rows go above.
-func (l *Store) guardHead(ctx context.Context, c execer, head int64) (int64, error) {
-	issued := l.issued.Load()
+func (s *Store) guardHead(ctx context.Context, c execer, head int64) (int64, error) {
+	issued := s.issued.Load()
 	if head >= issued {
 		return head, nil
 	}
@@ -137,8 +137,8 @@ func (l *Store) guardHead(ctx context.Context, c execer, head int64) (int64, err
 	if err := skipTo(ctx, c, head, to); err != nil {
 		return head, err
 	}
-	if l.logger != nil {
-		l.logger.Warn("replayd: the log's head is below a sequence this store knows was issued: the log was replaced under it (restored in place from a backup?); raising the head so that no sequence is issued twice, and cursors of the lost history get unknown_cursor (docs/restore.md)",
+	if s.logger != nil {
+		s.logger.Warn("replayd: the log's head is below a sequence this store knows was issued: the log was replaced under it (restored in place from a backup?); raising the head so that no sequence is issued twice, and cursors of the lost history get unknown_cursor (docs/restore.md)",
 			"head", head, "issued", issued, "raisedTo", to)
 	}
 	return to, nil

@@ -15,13 +15,13 @@ const pruneBatch = 1000
 // prune deletes, in batches of pruneBatch, the oldest rows that policy
 // condemns, recording each topic's prune watermark in the same transaction
 // as the delete. It returns how many rows it deleted.
-func (l *Store) prune(ctx context.Context, policy storage.RetentionPolicy, lock func() func()) (int64, error) {
+func (s *Store) prune(ctx context.Context, policy storage.RetentionPolicy, lock func() func()) (int64, error) {
 	if policy.MaxEvents <= 0 && policy.MaxAge <= 0 {
 		return 0, nil
 	}
 	var countEdge int64 // rows at or below this sequence exceed MaxEvents
 	if policy.MaxEvents > 0 {
-		if err := l.db.QueryRowContext(ctx, qPruneCountEdge, policy.MaxEvents).Scan(&countEdge); err != nil {
+		if err := s.db.QueryRowContext(ctx, qPruneCountEdge, policy.MaxEvents).Scan(&countEdge); err != nil {
 			return 0, err
 		}
 	}
@@ -31,7 +31,7 @@ func (l *Store) prune(ctx context.Context, policy storage.RetentionPolicy, lock 
 	}
 	var deleted int64
 	for {
-		n, err := l.pruneOnce(ctx, countEdge, ageEdge, lock)
+		n, err := s.pruneOnce(ctx, countEdge, ageEdge, lock)
 		deleted += n
 		if err != nil || n < pruneBatch {
 			return deleted, err
@@ -39,9 +39,9 @@ func (l *Store) prune(ctx context.Context, policy storage.RetentionPolicy, lock 
 	}
 }
 
-func (l *Store) pruneOnce(ctx context.Context, countEdge, ageEdge int64, lock func() func()) (deleted int64, err error) {
+func (s *Store) pruneOnce(ctx context.Context, countEdge, ageEdge int64, lock func() func()) (deleted int64, err error) {
 	defer lock()()
-	err = l.writeTx(ctx, func(conn *sql.Conn) error {
+	err = s.writeTx(ctx, func(conn *sql.Conn) error {
 		rows, err := conn.QueryContext(ctx, qPruneHead, pruneBatch)
 		if err != nil {
 			return err

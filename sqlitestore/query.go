@@ -158,7 +158,7 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-func (l *Store) head(ctx context.Context, q querier) (int64, error) {
+func (s *Store) head(ctx context.Context, q querier) (int64, error) {
 	var head int64
 	err := q.QueryRowContext(ctx, qHead).Scan(&head)
 	return head, err
@@ -167,7 +167,7 @@ func (l *Store) head(ctx context.Context, q querier) (int64, error) {
 // windowStart returns the sequence of the limit-th newest event of scope in
 // (after, through], or 0 if there are fewer: the first event of a replay
 // window. It reads only the index.
-func (l *Store) windowStart(ctx context.Context, q querier, topics []string, after, through int64, limit int) (int64, error) {
+func (s *Store) windowStart(ctx context.Context, q querier, topics []string, after, through int64, limit int) (int64, error) {
 	var seq int64
 	err := q.QueryRowContext(ctx, scopeQuery(kindBoundary, len(topics)), scopeArgs(topics, after, through, limit)...).Scan(&seq)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -187,14 +187,14 @@ func (l *Store) windowStart(ctx context.Context, q querier, topics []string, aft
 // again at 1 with the first new row, which keeps that true.) Rows not yet
 // numbered, left by an earlier version of replayd writing the same file, are
 // counted row by row instead.
-func (l *Store) span(ctx context.Context, q querier, topics []string, after, before int64) (storage.Span, error) {
-	var s storage.Span
+func (s *Store) span(ctx context.Context, q querier, topics []string, after, before int64) (storage.Span, error) {
+	var sp storage.Span
 	if before <= after+1 {
-		return s, nil
+		return sp, nil
 	}
 	rows, err := q.QueryContext(ctx, scopeQuery(kindOrdinals, len(topics)), scopeArgs(topics, after, before)...)
 	if err != nil {
-		return s, err
+		return sp, err
 	}
 	type ends struct{ first, last sql.NullInt64 }
 	var (
@@ -209,38 +209,38 @@ func (l *Store) span(ctx context.Context, q querier, topics []string, after, bef
 		)
 		if err := rows.Scan(&i, &last, &seq, &ord); err != nil {
 			rows.Close()
-			return s, err
+			return sp, err
 		}
 		unnumbered = unnumbered || !ord.Valid
 		if last == 1 {
 			branch[i].last = ord
-			s.Last = max(s.Last, seq)
+			sp.Last = max(sp.Last, seq)
 		} else {
 			branch[i].first = ord
-			if s.First == 0 || seq < s.First {
-				s.First = seq
+			if sp.First == 0 || seq < sp.First {
+				sp.First = seq
 			}
 		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return s, err
+		return sp, err
 	}
 	if unnumbered {
-		err := q.QueryRowContext(ctx, scopeQuery(kindCount, len(topics)), scopeArgs(topics, after, before)...).Scan(&s.Count, &s.First, &s.Last)
-		return s, err
+		err := q.QueryRowContext(ctx, scopeQuery(kindCount, len(topics)), scopeArgs(topics, after, before)...).Scan(&sp.Count, &sp.First, &sp.Last)
+		return sp, err
 	}
 	for _, b := range branch {
 		if b.first.Valid && b.last.Valid {
-			s.Count += b.last.Int64 - b.first.Int64 + 1
+			sp.Count += b.last.Int64 - b.first.Int64 + 1
 		}
 	}
-	return s, nil
+	return sp, nil
 }
 
 // watermark returns the highest prune watermark that applies to scope: its
 // topics' and the broadcasts', or any topic's for the global scope.
-func (l *Store) watermark(ctx context.Context, q querier, topics []string) (int64, error) {
+func (s *Store) watermark(ctx context.Context, q querier, topics []string) (int64, error) {
 	var p int64
 	err := q.QueryRowContext(ctx, scopeQuery(kindWatermark, len(topics)), scopeArgs(topics)...).Scan(&p)
 	return p, err
@@ -252,29 +252,29 @@ func (l *Store) watermark(ctx context.Context, q querier, topics []string) (int6
 // negative cursor means a fresh client: only the head is read. It reads
 // index entries only, never a payload: the window itself is read page by
 // page afterwards (see readPage).
-func (l *Store) readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (hs storage.Window, err error) {
-	err = l.readTx(ctx, func(tx querier) error {
-		hs, err = l.handshakeTx(ctx, tx, topics, cursor, limit)
+func (s *Store) readHandshake(ctx context.Context, topics []string, cursor int64, limit int) (hs storage.Window, err error) {
+	err = s.readTx(ctx, func(tx querier) error {
+		hs, err = s.handshakeTx(ctx, tx, topics, cursor, limit)
 		return err
 	})
 	return hs, err
 }
 
-func (l *Store) handshakeTx(ctx context.Context, tx querier, topics []string, cursor int64, limit int) (hs storage.Window, err error) {
+func (s *Store) handshakeTx(ctx context.Context, tx querier, topics []string, cursor int64, limit int) (hs storage.Window, err error) {
 	if cursor < 0 {
-		hs.Head, err = l.head(ctx, tx)
+		hs.Head, err = s.head(ctx, tx)
 		return hs, err
 	}
 	err = tx.QueryRowContext(ctx, qHeadForeign, cursor).Scan(&hs.Head, &hs.Foreign)
 	if err != nil || cursor >= hs.Head || hs.Foreign {
 		return hs, err
 	}
-	if l.testHookHandshake != nil {
-		l.testHookHandshake()
+	if s.testHookHandshake != nil {
+		s.testHookHandshake()
 	}
 	hs.From = hs.Head + 1
 	if limit > 0 {
-		start, err := l.windowStart(ctx, tx, topics, cursor, hs.Head, limit)
+		start, err := s.windowStart(ctx, tx, topics, cursor, hs.Head, limit)
 		if err != nil {
 			return hs, err
 		}
@@ -283,10 +283,10 @@ func (l *Store) handshakeTx(ctx context.Context, tx querier, topics []string, cu
 			hs.From = start
 		}
 	}
-	if hs.Skipped, err = l.span(ctx, tx, topics, cursor, hs.From); err != nil {
+	if hs.Skipped, err = s.span(ctx, tx, topics, cursor, hs.From); err != nil {
 		return hs, err
 	}
-	if hs.Watermark, err = l.watermark(ctx, tx, topics); err != nil {
+	if hs.Watermark, err = s.watermark(ctx, tx, topics); err != nil {
 		return hs, err
 	}
 	// Every event of the scope at or below the watermark is gone: W starts

@@ -57,8 +57,8 @@ const (
 	qBackfillSet  = `UPDATE events SET ordinal = ?, topic_ordinal = ? WHERE sequence = ?`
 )
 
-func (l *Store) ensureSchema(ctx context.Context) error {
-	err := l.writeTx(ctx, func(conn *sql.Conn) error {
+func (s *Store) ensureSchema(ctx context.Context) error {
+	err := s.writeTx(ctx, func(conn *sql.Conn) error {
 		for i, stmt := range schema {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
 				return err
@@ -92,10 +92,10 @@ func (l *Store) ensureSchema(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := l.backfillOrdinals(ctx); err != nil {
+	if err := s.backfillOrdinals(ctx); err != nil {
 		return fmt.Errorf("number the rows of an earlier version: %w", err)
 	}
-	return l.writeTx(ctx, func(conn *sql.Conn) error {
+	return s.writeTx(ctx, func(conn *sql.Conn) error {
 		for _, q := range []string{qCreateTopicIndex, qDropOldIndex} {
 			if _, err := conn.ExecContext(ctx, q); err != nil {
 				return err
@@ -114,12 +114,12 @@ const backfillBatch = 2000
 // leaves a row unnumbered only while the newest row is (see insertRows),
 // and this numbers them in sequence order. Until it is done, counts fall
 // back to reading rows (see span).
-func (l *Store) backfillOrdinals(ctx context.Context) error {
+func (s *Store) backfillOrdinals(ctx context.Context) error {
 	var (
 		pending bool
 		head    int64
 	)
-	err := l.db.QueryRowContext(ctx, qUnmigrated).Scan(&pending)
+	err := s.db.QueryRowContext(ctx, qUnmigrated).Scan(&pending)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && !pending) {
 		return nil
 	}
@@ -129,13 +129,13 @@ func (l *Store) backfillOrdinals(ctx context.Context) error {
 	// Unnumbered rows are a suffix: find where it starts by bisection, so
 	// that a numbering interrupted (New's deadline, a crash) resumes there.
 	var after int64 // every row up to here is numbered
-	if err := l.db.QueryRowContext(ctx, qHead).Scan(&head); err != nil {
+	if err := s.db.QueryRowContext(ctx, qHead).Scan(&head); err != nil {
 		return err
 	}
 	for lo, hi := int64(0), head; lo < hi; {
 		mid := lo + (hi-lo+1)/2
 		var unnumbered bool
-		err := l.db.QueryRowContext(ctx, qFirstFrom, mid).Scan(&unnumbered)
+		err := s.db.QueryRowContext(ctx, qFirstFrom, mid).Scan(&unnumbered)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
@@ -148,7 +148,7 @@ func (l *Store) backfillOrdinals(ctx context.Context) error {
 	}
 	for {
 		var n int
-		err := l.writeTx(ctx, func(conn *sql.Conn) error {
+		err := s.writeTx(ctx, func(conn *sql.Conn) error {
 			var err error
 			n, after, err = backfillOnce(ctx, conn, after)
 			return err

@@ -81,27 +81,27 @@ func Open(db *sql.DB, opts Options) (*Store, error) {
 
 // PoolSize returns the size of db's pool (0: unbounded): the hub keeps
 // its concurrent log reads below it (see storage.PoolSizer).
-func (l *Store) PoolSize() int { return l.db.Stats().MaxOpenConnections }
+func (s *Store) PoolSize() int { return s.db.Stats().MaxOpenConnections }
 
 // EnsureSchema creates the tables and index if they are missing.
-func (l *Store) EnsureSchema(ctx context.Context) error {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
-	return l.ensureSchema(ctx)
+func (s *Store) EnsureSchema(ctx context.Context) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	return s.ensureSchema(ctx)
 }
 
 // Close releases the writer's connection. It waits for a write in
 // progress; it never closes the *sql.DB. Writes after Close fail; reads
 // keep working as long as the *sql.DB is open.
-func (l *Store) Close() error {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
-	l.closed = true
-	l.releaseWriter(false)
-	if l.ckpt != nil {
-		l.ckpt.stop()
+func (s *Store) Close() error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	s.closed = true
+	s.releaseWriter(false)
+	if s.ckpt != nil {
+		s.ckpt.stop()
 	}
-	l.stmts.close()
+	s.stmts.close()
 	return nil
 }
 
@@ -113,50 +113,50 @@ func (l *Store) Close() error {
 // ctx bounds the waits: for this store's other writes (a prune batch, say),
 // for another connection's write lock, and between rows; once the rows are
 // sent, COMMIT runs to its end.
-func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.AppendResult, error) {
-	unlock, err := lockCtx(ctx, &l.writeMu)
+func (s *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.AppendResult, error) {
+	unlock, err := lockCtx(ctx, &s.writeMu)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if l.closed {
+	if s.closed {
 		return nil, ErrClosed
 	}
 	// A file deleted or replaced under the store: rows committed now would
 	// go into a file no process opens again (or, through the old -wal,
 	// corrupt the new one).
-	if err := l.checkFile(false); err != nil {
+	if err := s.checkFile(false); err != nil {
 		return nil, err
 	}
 	res := make([]storage.AppendResult, len(evs))
 	batch := make([]storage.Event, len(evs))
 	copy(batch, evs)
 	dup := make([]bool, len(evs))
-	err = l.appendBatch(ctx, batch, dup)
+	err = s.appendBatch(ctx, batch, dup)
 	switch {
 	case err == nil:
 	case len(evs) > 1 && rowError(err) && ctx.Err() == nil:
 		for i := range evs {
 			one, d := []storage.Event{evs[i]}, []bool{false}
-			if err := l.appendBatch(ctx, one, d); err != nil {
+			if err := s.appendBatch(ctx, one, d); err != nil {
 				res[i] = storage.AppendResult{Event: evs[i], Err: err}
 				continue
 			}
 			res[i] = storage.AppendResult{Event: one[0], Duplicate: d[0]}
-			l.saw(one[0].Sequence)
+			s.saw(one[0].Sequence)
 		}
 		return res, nil
 	default:
 		// Busy, I/O and the like fail every event alike: was it because
 		// the file went away?
-		if ferr := l.checkFile(true); ferr != nil {
+		if ferr := s.checkFile(true); ferr != nil {
 			err = fmt.Errorf("%w (%v)", ferr, err)
 		}
 		return nil, err
 	}
 	for i := range batch {
 		res[i] = storage.AppendResult{Event: batch[i], Duplicate: dup[i]}
-		l.saw(batch[i].Sequence)
+		s.saw(batch[i].Sequence)
 	}
 	return res, nil
 }
@@ -164,7 +164,7 @@ func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.Appe
 // AppendsPromptly reports true (storage.PromptAppender): Append waits for
 // writeMu and for SQLite's write lock watching ctx (lockCtx, retryBusy),
 // and looks at ctx before each row.
-func (l *Store) AppendsPromptly() bool { return true }
+func (s *Store) AppendsPromptly() bool { return true }
 
 // Head reads the head from sqlite_sequence: one indexed row. A tailing hub
 // calls it every poll, so it also looks at the database file (at most once
@@ -177,15 +177,15 @@ func (l *Store) AppendsPromptly() bool { return true }
 // found not done: a cancellable context costs the driver and database/sql
 // a goroutine each per statement, and in an idle process each wakes a
 // thread, which was most of the rest.
-func (l *Store) Head(ctx context.Context) (int64, error) {
-	l.checkFile(false)
-	if l.wal {
+func (s *Store) Head(ctx context.Context) (int64, error) {
+	s.checkFile(false)
+	if s.wal {
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
 		ctx = context.WithoutCancel(ctx)
 	}
-	rows, prepared, err := l.stmts.query(ctx, l.db, qHead)
+	rows, prepared, err := s.stmts.query(ctx, s.db, qHead)
 	if err != nil {
 		return 0, err
 	}
@@ -202,9 +202,9 @@ func (l *Store) Head(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	if !prepared {
-		l.stmts.prepare(ctx, l.db, []string{qHead}) // now that the connection is back
+		s.stmts.prepare(ctx, s.db, []string{qHead}) // now that the connection is back
 	}
-	l.saw(head)
+	s.saw(head)
 	return head, nil
 }
 
@@ -212,11 +212,11 @@ func (l *Store) Head(ctx context.Context) (int64, error) {
 // head and the scope's watermark, the others the page (see kindPage). It
 // needs no read transaction of its own, which cost a poll answer as much as
 // its three queries had before they were one.
-func (l *Store) Read(ctx context.Context, req storage.ReadRequest) (p storage.Page, err error) {
+func (s *Store) Read(ctx context.Context, req storage.ReadRequest) (p storage.Page, err error) {
 	req = withDefaults(req)
 	query := scopeQuery(kindPage, len(req.Scope))
 	// One row more than the limit tells More.
-	rows, prepared, err := l.stmts.query(ctx, l.db, query, scopeArgs(req.Scope, req.After, req.Through, min(req.Limit, maxInt-1)+1)...)
+	rows, prepared, err := s.stmts.query(ctx, s.db, query, scopeArgs(req.Scope, req.After, req.Through, min(req.Limit, maxInt-1)+1)...)
 	if err != nil {
 		return storage.Page{}, err
 	}
@@ -231,9 +231,9 @@ func (l *Store) Read(ctx context.Context, req storage.ReadRequest) (p storage.Pa
 		return storage.Page{}, err
 	}
 	if !prepared {
-		l.stmts.prepare(ctx, l.db, []string{query}) // now that the connection is back
+		s.stmts.prepare(ctx, s.db, []string{query}) // now that the connection is back
 	}
-	l.saw(p.Head)
+	s.saw(p.Head)
 	return p, nil
 }
 
@@ -273,12 +273,12 @@ func readPage(rows *sql.Rows, req storage.ReadRequest, p *storage.Page) error {
 }
 
 // Window reads a resuming client's window (see readHandshake).
-func (l *Store) Window(ctx context.Context, scope []string, cursor int64, limit int) (storage.Window, error) {
-	hs, err := l.readHandshake(ctx, scope, max(cursor, 0), max(limit, 0))
+func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit int) (storage.Window, error) {
+	hs, err := s.readHandshake(ctx, scope, max(cursor, 0), max(limit, 0))
 	if err != nil {
 		return storage.Window{}, err
 	}
-	l.saw(hs.Head)
+	s.saw(hs.Head)
 	if cursor >= hs.Head || hs.Foreign {
 		return storage.Window{Head: hs.Head, Foreign: hs.Foreign}, nil
 	}
@@ -287,20 +287,20 @@ func (l *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 
 // Count counts a scope's events in (after, before) by their ordinals (see
 // span), in one read transaction.
-func (l *Store) Count(ctx context.Context, scope []string, after, before int64) (n int64, err error) {
-	err = l.readTx(ctx, func(tx querier) error {
-		s, err := l.span(ctx, tx, scope, after, before)
-		n = s.Count
+func (s *Store) Count(ctx context.Context, scope []string, after, before int64) (n int64, err error) {
+	err = s.readTx(ctx, func(tx querier) error {
+		sp, err := s.span(ctx, tx, scope, after, before)
+		n = sp.Count
 		return err
 	})
 	return n, err
 }
 
 // Prune deletes in batches, each its own write transaction under writeMu.
-func (l *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int64, error) {
-	return l.prune(ctx, policy, func() func() {
-		l.writeMu.Lock()
-		return l.writeMu.Unlock
+func (s *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int64, error) {
+	return s.prune(ctx, policy, func() func() {
+		s.writeMu.Lock()
+		return s.writeMu.Unlock
 	})
 }
 
@@ -308,32 +308,32 @@ func (l *Store) Prune(ctx context.Context, policy storage.RetentionPolicy) (int6
 // connection, writing nothing. It queues behind this store's own writes
 // (writeMu) instead of racing them for SQLite's lock, so it never stalls
 // an append; ctx bounds the wait.
-func (l *Store) ProbeWrite(ctx context.Context) error {
-	unlock, err := lockCtx(ctx, &l.writeMu)
+func (s *Store) ProbeWrite(ctx context.Context) error {
+	unlock, err := lockCtx(ctx, &s.writeMu)
 	if err != nil {
 		return fmt.Errorf("wait for the writer: %w", err)
 	}
 	defer unlock()
-	if l.closed {
+	if s.closed {
 		return ErrClosed
 	}
-	return l.probeWrite(ctx)
+	return s.probeWrite(ctx)
 }
 
 // readTx runs fn in one read transaction: one snapshot of the log, read
 // with the store's prepared statements.
-func (l *Store) readTx(ctx context.Context, fn func(querier) error) (err error) {
-	tx, err := l.db.BeginTx(ctx, nil)
+func (s *Store) readTx(ctx context.Context, fn func(querier) error) (err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	q := &cachedTx{c: &l.stmts, tx: tx}
+	q := &cachedTx{c: &s.stmts, tx: tx}
 	err = fn(q)
 	if cerr := tx.Commit(); err == nil {
 		err = cerr
 	}
 	if err == nil && len(q.missing) > 0 {
-		l.stmts.prepare(ctx, l.db, q.missing) // now that the connection is back
+		s.stmts.prepare(ctx, s.db, q.missing) // now that the connection is back
 	}
 	return err
 }

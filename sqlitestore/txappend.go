@@ -57,7 +57,7 @@ var txQueries = []string{qInsertTx, qByEventID, qTakeWriteLock, qHead}
 
 // prepareTx prepares txQueries (errors are left to AppendTx, which then
 // prepares on the transaction).
-func (l *Store) prepareTx(ctx context.Context) { l.stmts.prepare(ctx, l.db, txQueries) }
+func (s *Store) prepareTx(ctx context.Context) { s.stmts.prepare(ctx, s.db, txQueries) }
 
 // BeginTx begins a transaction on the store's database and takes SQLite's
 // write lock in it at once, waiting for another writer within the busy
@@ -67,13 +67,13 @@ func (l *Store) prepareTx(ctx context.Context) { l.stmts.prepare(ctx, l.db, txQu
 // Until then every other write to the file waits, this store's appends
 // included: keep it short, and never wait in it for a Publish of a hub
 // over this store (that publish waits for the transaction).
-func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
-	l.prepareTx(ctx) // between transactions: see stmtCache
-	tx, err := l.db.BeginTx(ctx, nil)
+func (s *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
+	s.prepareTx(ctx) // between transactions: see stmtCache
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
-	lock, err := l.txStmt(ctx, tx, qTakeWriteLock)
+	lock, err := s.txStmt(ctx, tx, qTakeWriteLock)
 	if err == nil {
 		err = retryBusy(ctx, func() error {
 			_, err := lock.ExecContext(ctx)
@@ -85,7 +85,7 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 		tx.Rollback()
 		return nil, fmt.Errorf("take the write lock: %w", err)
 	}
-	if err := l.guardTx(ctx, tx); err != nil {
+	if err := s.guardTx(ctx, tx); err != nil {
 		tx.Rollback()
 		return nil, err
 	}
@@ -98,22 +98,22 @@ func (l *Store) BeginTx(ctx context.Context) (*sql.Tx, error) {
 // then wrote over cannot write). The transaction last guarded is kept, so
 // its address cannot be reused by another. AppendTx does not count its
 // sequences as issued: tx may roll back.
-func (l *Store) guardTx(ctx context.Context, tx *sql.Tx) error {
-	if l.guarded.Load() == tx {
+func (s *Store) guardTx(ctx context.Context, tx *sql.Tx) error {
+	if s.guarded.Load() == tx {
 		return nil
 	}
-	head, err := l.txStmt(ctx, tx, qHead)
+	head, err := s.txStmt(ctx, tx, qHead)
 	if err == nil {
 		var seq int64
 		if err = head.QueryRowContext(ctx).Scan(&seq); err == nil {
-			_, err = l.guardHead(ctx, tx, seq)
+			_, err = s.guardHead(ctx, tx, seq)
 		}
 		head.Close()
 	}
 	if err != nil {
 		return fmt.Errorf("replayd: check the log's head: %w", err)
 	}
-	l.guarded.Store(tx)
+	s.guarded.Store(tx)
 	return nil
 }
 
@@ -133,17 +133,17 @@ func (l *Store) guardTx(ctx context.Context, tx *sql.Tx) error {
 // failed insert leaves tx as it was). It never commits nor rolls back tx.
 // Its first call in a transaction not begun by BeginTx reads the head
 // first, and raises the floor if the log was replaced under the store.
-func (l *Store) AppendTx(ctx context.Context, tx *sql.Tx, evs []storage.Event) ([]storage.AppendResult, error) {
+func (s *Store) AppendTx(ctx context.Context, tx *sql.Tx, evs []storage.Event) ([]storage.AppendResult, error) {
 	if tx == nil {
 		return nil, fmt.Errorf("replayd: append in a transaction: nil *sql.Tx")
 	}
-	if err := l.checkFile(false); err != nil {
+	if err := s.checkFile(false); err != nil {
 		return nil, err
 	}
-	if err := l.guardTx(ctx, tx); err != nil {
+	if err := s.guardTx(ctx, tx); err != nil {
 		return nil, err
 	}
-	insert, err := l.txStmt(ctx, tx, qInsertTx)
+	insert, err := s.txStmt(ctx, tx, qInsertTx)
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +155,7 @@ func (l *Store) AppendTx(ctx context.Context, tx *sql.Tx, evs []storage.Event) (
 			Scan(&ev.Sequence, &created)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			byEvent, err := l.txStmt(ctx, tx, qByEventID)
+			byEvent, err := s.txStmt(ctx, tx, qByEventID)
 			if err != nil {
 				return nil, err
 			}
@@ -177,8 +177,8 @@ func (l *Store) AppendTx(ctx context.Context, tx *sql.Tx, evs []storage.Event) (
 
 // txStmt returns query as a statement of tx: the cached one, reused on tx's
 // connection, or else one prepared on it. Close it when done.
-func (l *Store) txStmt(ctx context.Context, tx *sql.Tx, query string) (*sql.Stmt, error) {
-	if st := l.stmts.load(query); st != nil {
+func (s *Store) txStmt(ctx context.Context, tx *sql.Tx, query string) (*sql.Stmt, error) {
+	if st := s.stmts.load(query); st != nil {
 		return tx.StmtContext(ctx, st), nil
 	}
 	return tx.PrepareContext(ctx, query)
