@@ -180,7 +180,7 @@ func (w *logWriter) close(broken bool) {
 // Every row of the batch gets the same created_at, taken inside the write
 // and never below the newest stored row's.
 //
-// The caller holds l.writeMu.
+// The caller holds s.writeMu.
 func (s *Store) appendBatch(ctx context.Context, evs []storage.Event, dup []bool) error {
 	if err := s.reserveWriter(ctx); err != nil {
 		return err
@@ -198,7 +198,7 @@ func (s *Store) appendBatch(ctx context.Context, evs []storage.Event, dup []bool
 // holds it already. New calls it, so that a publish never queues for a
 // connection behind readers; appendBatch calls it again after a broken
 // connection was dropped, or on a pool of one, which the writer cannot keep.
-// The caller holds l.writeMu.
+// The caller holds s.writeMu.
 func (s *Store) reserveWriter(ctx context.Context) error {
 	if s.writer != nil {
 		return nil
@@ -597,7 +597,7 @@ func (w *logWriter) lastTopicOrdinal(ctx context.Context, topic string) (int64, 
 }
 
 // probeWrite takes the write lock on the writer's connection and releases
-// it, writing nothing. The caller holds l.writeMu.
+// it, writing nothing. The caller holds s.writeMu.
 func (s *Store) probeWrite(ctx context.Context) error {
 	if s.writer == nil {
 		w, err := openLogWriter(ctx, s)
