@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // Request admission (PROTOCOL.md, "Status codes"). Every SSE request, and every poll request,
@@ -66,6 +67,52 @@ func (h *EventHub) admit(w http.ResponseWriter, r *http.Request, transport strin
 		return nil, nil, nil, false
 	}
 	return query, topics, release, true
+}
+
+// allowOrigin applies the origin policy of SSEOptions.AllowedOrigins, setting the CORS response
+// headers of an allowed cross-origin request.
+func (h *EventHub) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	allowed := h.opts.SSE.AllowedOrigins
+	switch {
+	case len(allowed) == 0:
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		return origin == "" || strings.EqualFold(origin, scheme+"://"+r.Host)
+	case slices.Contains(allowed, "*"):
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		return true
+	}
+	w.Header().Add("Vary", "Origin")
+	if origin == "" {
+		return true
+	}
+	for _, a := range allowed {
+		if strings.EqualFold(a, origin) {
+			w.Header().Set("Access-Control-Allow-Origin", origin)
+			return true
+		}
+	}
+	return false
+}
+
+// preflight answers OPTIONS: a CORS preflight from an allowed origin gets
+// 204 allowing GET with Last-Event-ID and Cache-Control; any other origin
+// 403. An OPTIONS without Origin is not a preflight and just lists methods.
+func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	if r.Header.Get("Origin") != "" {
+		if !h.allowOrigin(w, r) {
+			http.Error(w, "origin not allowed", http.StatusForbidden)
+			return
+		}
+		w.Header().Set("Access-Control-Allow-Methods", "GET")
+		w.Header().Set("Access-Control-Allow-Headers", "Last-Event-ID, Cache-Control")
+		w.Header().Set("Access-Control-Max-Age", "600")
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // authorize asks Options.Authorize, if set, about the scope. It gets a copy
