@@ -1,0 +1,131 @@
+package replayd
+
+import (
+	"context"
+	"net/http"
+)
+
+// Replay pages: a replay is read and written a page at a time, so a
+// connection in replay holds one page (or one event larger than that) on
+// top of its live queue.
+const (
+	replayPageEvents = 64
+	replayPageBytes  = 64 << 10
+)
+
+// replay writes the window W of hs, the scope's events in [hs.From,
+// hs.Head], page by page, each read under a handshake slot and written
+// under the usual write deadline. If retention pruned anything of the
+// scope above the last event written, the page just read may lack rows:
+// the stream ends instead, and the client's reconnect gets a pruned gap.
+// It returns how many events it wrote, and false if the stream must end.
+func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs Window) (n int, ok bool) {
+	for after := hs.From - 1; after < hs.Head; {
+		if isRevoked(ctx) || !h.acquireRead(ctx) {
+			return n, false
+		}
+		var (
+			p   Page
+			err error
+		)
+		offStack(func() {
+			p, err = h.store.Read(ctx, ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
+		})
+		h.releaseRead()
+		page, mark := p.Events, p.Watermark
+		switch {
+		case isRevoked(ctx):
+			return n, false // nothing read after a revocation is written
+		case err != nil:
+			if ctx.Err() == nil {
+				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)
+			}
+			return n, false
+		case mark > after:
+			h.logger.Warn("replayd: rows pruned during a replay; ending the stream so it resumes with a gap",
+				"topics", topics, "after", after, "watermark", mark)
+			return n, false
+		case len(page) == 0:
+			return n, true
+		}
+		ok := s.send(w, func(b []byte) []byte {
+			for _, ev := range page {
+				b = appendEventFrame(b, ev)
+			}
+			return b
+		})
+		if !ok {
+			return n, false
+		}
+		n += len(page)
+		after = page[len(page)-1].Sequence
+		if h.testHookReplayPage != nil {
+			h.testHookReplayPage(after)
+		}
+	}
+	return n, true
+}
+
+// readHandshake reads what a new stream needs from the log on a goroutine
+// of its own: SQLite's code grows the stack that runs it, and a handler's
+// stack stays that size for as long as the connection is open (measured:
+// 38.5 against 30.6 KiB per idle connection).
+func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs Window, err error) {
+	if !h.acquireRead(ctx) {
+		if ctx.Err() != nil {
+			return hs, ctx.Err()
+		}
+		return hs, ErrClosed
+	}
+	defer h.releaseRead()
+	offStack(func() {
+		if cursor < 0 { // a fresh client: only the head
+			hs.Head, err = h.store.Head(ctx)
+			return
+		}
+		hs, err = h.store.Window(ctx, topics, cursor, h.opts.SSE.ReplayLimit)
+	})
+	return hs, err
+}
+
+// offStack runs fn on a short-lived goroutine and waits for it, so that the
+// stack SQLite grows is not the caller's (see readHandshake).
+func offStack(fn func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	<-done
+}
+
+// gapFor returns the gap frame a new stream is owed, or nil (PROTOCOL.md, "gap").
+func gapFor(rawCursor string, cursor int64, valid bool, hs Window, limit int) *gap {
+	switch {
+	case rawCursor == "":
+		return nil
+	case !valid:
+		return &gap{Reason: reasonInvalidCursor, ReplayLimit: limit}
+	case cursor > hs.Head || hs.Foreign:
+		// Not a cursor of this log (see Store, the sequence floor).
+		return &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: limit}
+	case hs.Watermark > cursor:
+		return &gap{
+			Reason:        reasonPruned,
+			ResumedFrom:   ptr(cursor),
+			MissedFrom:    ptr(cursor + 1),
+			MissedThrough: ptr(max(hs.Watermark, hs.Skipped.Last)),
+			ReplayLimit:   limit,
+		}
+	case hs.Skipped.Count > 0:
+		return &gap{
+			Reason:        reasonReplayLimit,
+			ResumedFrom:   ptr(cursor),
+			MissedFrom:    ptr(hs.Skipped.First),
+			MissedThrough: ptr(hs.Skipped.Last),
+			Missed:        ptr(hs.Skipped.Count),
+			ReplayLimit:   limit,
+		}
+	}
+	return nil
+}
