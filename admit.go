@@ -17,6 +17,46 @@ import (
 // Options.Authorize. A refusal is answered at once and counted under its
 // reason; nothing is read from the log and nothing is subscribed.
 
+// admitStream is an SSE request's admission step: the method check, then
+// admit's. It returns the stream admitted, holding its connection slot, or
+// nil if the request was answered: refused, a preflight (OPTIONS), or a
+// HEAD, which gets a stream's headers and nothing more. It is kept out of
+// line, so that its frame is not in an idle stream's stack (see
+// sseHandler.ServeHTTP).
+//
+//go:noinline
+func (h *EventHub) admitStream(w http.ResponseWriter, r *http.Request) *sseStream {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+	case http.MethodOptions:
+		h.preflight(w, r, "GET, HEAD, OPTIONS")
+		return nil
+	default:
+		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return nil
+	}
+	query, topics, release, ok := h.admit(w, r, transportSSE)
+	if !ok {
+		return nil
+	}
+	rawCursor := r.Header.Get("Last-Event-ID")
+	if rawCursor == "" {
+		rawCursor = query.Get("lastEventId")
+	}
+	setStreamHeaders(w)
+	if r.Method == http.MethodHead {
+		w.WriteHeader(http.StatusOK)
+		release()
+		return nil
+	}
+	c := &sseStream{h: h, w: w, ctx: r.Context(), topics: topics, rawCursor: rawCursor, remote: r.RemoteAddr, release: release}
+	if len(topics) == 1 {
+		c.topic = topics[0]
+	}
+	return c
+}
+
 // admit runs the checks that follow the method check for a request of the
 // given transport. On success it returns the parsed query, the scope's
 // topics and a release that the handler must call once when it is done.

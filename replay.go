@@ -2,68 +2,57 @@ package replayd
 
 import (
 	"context"
-	"net/http"
+	"errors"
 )
 
-// Replay pages: a replay is read and written a page at a time, so a
-// connection in replay holds one page (or one event larger than that) on
-// top of its live queue.
-const (
-	replayPageEvents = 64
-	replayPageBytes  = 64 << 10
-)
+// What the log owes a stream resuming from its cursor (PROTOCOL.md,
+// "Reconnecting"): its handshake, read in one snapshot of the index, the gap it
+// is told of, and its replay, read and written a page at a time. open
+// calls them in that order, after the stream subscribed to live delivery,
+// so that a row committed meanwhile is either at or below the handshake's
+// head or queued.
 
-// replay writes the window W of hs, the scope's events in [hs.From,
-// hs.Head], page by page, each read under a handshake slot and written
-// under the usual write deadline. If retention pruned anything of the
-// scope above the last event written, the page just read may lack rows:
-// the stream ends instead, and the client's reconnect gets a pruned gap.
-// It returns how many events it wrote, and false if the stream must end.
-func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *stream, topics []string, hs Window) (n int, ok bool) {
-	for after := hs.From - 1; after < hs.Head; {
-		if isRevoked(ctx) || !h.acquireRead(ctx) {
-			return n, false
-		}
-		var (
-			p   Page
-			err error
-		)
-		offStack(func() {
-			p, err = h.store.Read(ctx, ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
-		})
-		h.releaseRead()
-		page, mark := p.Events, p.Watermark
-		switch {
-		case isRevoked(ctx):
-			return n, false // nothing read after a revocation is written
-		case err != nil:
-			if ctx.Err() == nil {
-				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)
-			}
-			return n, false
-		case mark > after:
-			h.logger.Warn("replayd: rows pruned during a replay; ending the stream so it resumes with a gap",
-				"topics", topics, "after", after, "watermark", mark)
-			return n, false
-		case len(page) == 0:
-			return n, true
-		}
-		ok := s.send(w, func(b []byte) []byte {
-			for _, ev := range page {
-				b = appendEventFrame(b, ev)
-			}
-			return b
-		})
-		if !ok {
-			return n, false
-		}
-		n += len(page)
-		after = page[len(page)-1].Sequence
-		if h.testHookReplayPage != nil {
-			h.testHookReplayPage(after)
-		}
+// handshake reads a stream's handshake from the log and works out its
+// gap. It returns the cursor the stream's hello carries (its own, or the
+// head if it is fresh or treated as fresh), the window to replay and the
+// gap, nil if none; false if the stream ended (it was answered).
+func (c *sseStream) handshake() (cursor int64, hs Window, g *gap, ok bool) {
+	h, w, ctx := c.h, c.w, c.ctx
+	cursor, valid := parseCursor(c.rawCursor)
+	readFrom := int64(-1) // fresh: read only the head
+	if c.rawCursor != "" && valid {
+		readFrom = cursor
 	}
-	return n, true
+	// A revocation is checked before the log is read and again before the
+	// hello is written: its watch cancels ctx from another goroutine, and
+	// may not have yet.
+	if isRevoked(ctx) {
+		endEarly(w, "access revoked")
+		return 0, hs, nil, false
+	}
+	hs, err := h.readHandshake(ctx, c.topics, readFrom)
+	if isRevoked(ctx) {
+		endEarly(w, "access revoked")
+		return 0, hs, nil, false
+	}
+	if err != nil {
+		switch {
+		case errors.Is(err, ErrClosed):
+			endEarly(w, "server is shutting down")
+		case ctx.Err() == nil:
+			h.logger.Error("replayd: read the log for a new stream", "topics", c.topics, "remote", c.remote, "err", err)
+			endEarly(w, "event log unavailable")
+		}
+		return 0, hs, nil, false
+	}
+	g = gapFor(c.rawCursor, cursor, valid, hs, h.opts.SSE.ReplayLimit)
+	if g != nil {
+		h.metrics.gap(g.Reason)
+	}
+	if readFrom < 0 || cursor > hs.Head || hs.Foreign {
+		cursor = hs.Head // fresh, or treated as fresh
+	}
+	return cursor, hs, g, true
 }
 
 // readHandshake reads what a new stream needs from the log on a goroutine
@@ -128,4 +117,66 @@ func gapFor(rawCursor string, cursor int64, valid bool, hs Window, limit int) *g
 		}
 	}
 	return nil
+}
+
+// Replay pages: a replay is read and written a page at a time, so a
+// connection in replay holds one page (or one event larger than that) on
+// top of its live queue.
+const (
+	replayPageEvents = 64
+	replayPageBytes  = 64 << 10
+)
+
+// replay writes the window W of hs, the scope's events in [hs.From,
+// hs.Head], page by page, each read under a handshake slot and written
+// under the usual write deadline. If retention pruned anything of the
+// scope above the last event written, the page just read may lack rows:
+// the stream ends instead, and the client's reconnect gets a pruned gap.
+// It returns how many events it wrote, and false if the stream must end.
+func (c *sseStream) replay(hs Window) (n int, ok bool) {
+	h, ctx, w, s, topics := c.h, c.ctx, c.w, c.s, c.topics
+	for after := hs.From - 1; after < hs.Head; {
+		if isRevoked(ctx) || !h.acquireRead(ctx) {
+			return n, false
+		}
+		var (
+			p   Page
+			err error
+		)
+		offStack(func() {
+			p, err = h.store.Read(ctx, ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
+		})
+		h.releaseRead()
+		page, mark := p.Events, p.Watermark
+		switch {
+		case isRevoked(ctx):
+			return n, false // nothing read after a revocation is written
+		case err != nil:
+			if ctx.Err() == nil {
+				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)
+			}
+			return n, false
+		case mark > after:
+			h.logger.Warn("replayd: rows pruned during a replay; ending the stream so it resumes with a gap",
+				"topics", topics, "after", after, "watermark", mark)
+			return n, false
+		case len(page) == 0:
+			return n, true
+		}
+		ok := s.send(w, func(b []byte) []byte {
+			for _, ev := range page {
+				b = appendEventFrame(b, ev)
+			}
+			return b
+		})
+		if !ok {
+			return n, false
+		}
+		n += len(page)
+		after = page[len(page)-1].Sequence
+		if h.testHookReplayPage != nil {
+			h.testHookReplayPage(after)
+		}
+	}
+	return n, true
 }
