@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/internal/wiretest"
 	"github.com/replayd/replayd/sqlitestore"
 )
@@ -273,91 +274,14 @@ func BenchmarkEncodeFrame(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			ev := Event{Sequence: 123456789, Type: "message", Topic: "bench", Payload: c.payload}
-			buf := appendEventFrame(nil, ev)
+			buf := live.AppendEventFrame(nil, ev)
 			b.SetBytes(int64(len(buf)))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				buf = appendEventFrame(buf[:0], ev)
+				buf = live.AppendEventFrame(buf[:0], ev)
 			}
 			benchReportRate(b, b.N, "frames/s")
-		})
-	}
-}
-
-// BenchmarkDispatch hands one event to 1,000 live subscribers: SSE streams
-// of the event's topic, streams spread over 100 topics receiving a
-// broadcast, or Subscribe callbacks. It times the writer goroutine's part
-// (frame encoding once, one queue push per stream); the streams' queues are
-// drained off the clock.
-func BenchmarkDispatch(b *testing.B) {
-	const subscribers = 1000
-	cases := []struct {
-		name   string
-		topics int    // streams are spread over this many topics; 0: callbacks
-		topic  string // the event's topic
-		per    int    // topics each stream holds (default 1)
-	}{
-		{"streams/one-topic", 1, "topic-00", 1},
-		{"streams/broadcast-100-topics", 100, "", 1},
-		// Each stream holds 4 of 100 topics; every stream holds topic-00.
-		{"streams/4-topics-each/topic-event", 100, "topic-00", 4},
-		{"streams/4-topics-each/broadcast", 100, "", 4},
-		{"funcs", 0, "topic-00", 1},
-	}
-	for _, c := range cases {
-		b.Run(c.name, func(b *testing.B) {
-			var l live
-			l.init()
-			var streams []*stream
-			var calls atomic.Int64
-			var m metrics
-			for i := range subscribers {
-				if c.topics == 0 {
-					defer l.subscribeFunc(func(Event) { calls.Add(1) })()
-					continue
-				}
-				topics := []string{fmt.Sprintf("topic-%02d", i%c.topics)}
-				if c.per > 1 {
-					topics = []string{"topic-00"}
-					for k := 1; k < c.per; k++ {
-						topics = append(topics, fmt.Sprintf("topic-%02d", 1+(i*(c.per-1)+k)%(c.topics-1)))
-					}
-				}
-				s := &stream{m: &m, topics: topics, max: -1, wake: make(chan struct{}, 1)}
-				l.addStream(s)
-				streams = append(streams, s)
-			}
-			drain := func() {
-				for _, s := range streams {
-					if q, _ := s.take(); len(q) > 0 {
-						s.release(q)
-					}
-					select {
-					case <-s.wake:
-					default:
-					}
-				}
-			}
-			ev := Event{Type: "message", Topic: c.topic, Payload: benchPayload}
-			rows := []Event{ev}
-			b.ReportAllocs()
-			b.ResetTimer()
-			l.mu.Lock()
-			for i := 0; i < b.N; i++ {
-				rows[0].Sequence = int64(i + 1)
-				l.dispatch(rows)
-				if i%256 == 255 {
-					b.StopTimer()
-					drain()
-					b.StartTimer()
-				}
-			}
-			l.mu.Unlock()
-			b.StopTimer()
-			drain()
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/subscribers, "ns/delivery")
-			benchReportRate(b, b.N*subscribers, "deliveries/s")
 		})
 	}
 }
@@ -448,7 +372,7 @@ func BenchmarkTailIdlePoll(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			n, err := h.poll(ctx)
+			n, err := h.tailOnce(ctx)
 			if err != nil || n != 0 {
 				b.Fatalf("idle poll read %d rows, err %v", n, err)
 			}

@@ -409,11 +409,7 @@ func (g *browserGate) dropAll() {
 	// A detached stream outlives its request: end it on the hub.
 	if sh, ok := g.next.(*sseHandler); ok && testDetach {
 		h := (*EventHub)(sh)
-		h.mu.Lock()
-		for s := range h.streams {
-			s.kill()
-		}
-		h.mu.Unlock()
+		h.live.Resync()
 	}
 }
 

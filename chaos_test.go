@@ -102,11 +102,11 @@ func TestChaosCatchUpPastMissingSequence(t *testing.T) {
 		t.Fatalf("head %d after a retried id; expected the retry to consume %d", consumed, first.Sequence+2)
 	}
 
-	hubA.live.mu.Lock() // A's delivery of its next row waits here
+	resume := hubA.live.HoldDispatch() // A's delivery of its next row waits here
 	locked := true
 	defer func() {
 		if locked {
-			hubA.live.mu.Unlock()
+			resume()
 		}
 	}()
 	published := make(chan error, 1)
@@ -137,7 +137,7 @@ func TestChaosCatchUpPastMissingSequence(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	hubA.live.mu.Unlock()
+	resume()
 	locked = false
 
 	select {
@@ -155,7 +155,7 @@ func TestChaosCatchUpPastMissingSequence(t *testing.T) {
 	}
 	select {
 	case <-published:
-		t.Errorf("BUG: a Publish on hub A hung for 5s in deliver's catch-up loop (live.go catchUp): sequence %d holds no row "+
+		t.Errorf("BUG: a Publish on hub A hung for 5s in deliver's catch-up loop (internal/live deliver.go catchUp): sequence %d holds no row "+
 			"(consumed by a retried event id) and 1,000 rows lie above it; it returned only after a prune left fewer than a page", consumed)
 	case <-time.After(waitFor):
 		t.Fatalf("BUG: a Publish on hub A hung in deliver's catch-up loop and did not recover after a prune")

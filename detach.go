@@ -119,7 +119,7 @@ var testHookDetached func()
 // per write. Writes go to the socket at once; there is no buffer to flush.
 //
 // It is used by one goroutine, except SetWriteDeadline, which the stream's
-// kill calls from any goroutine (net.Conn allows that).
+// Kill (live.Stream) calls from any goroutine (net.Conn allows that).
 type connWriter struct {
 	conn         net.Conn
 	raw          syscall.RawConn // the socket under conn; nil if unknown

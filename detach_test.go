@@ -157,11 +157,7 @@ func testDetachedLeave(t *testing.T, watch, tlsOn bool) {
 	}
 	left := time.Now()
 	c.Close()
-	wiretest.WaitUntil(t, "the stream to end", func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return len(h.streams) == 0
-	})
+	wiretest.WaitUntil(t, "the stream to end", func() bool { return h.live.OpenStreams() == 0 })
 	d := time.Since(left)
 	t.Logf("noticed after %v", d)
 	switch {
@@ -175,9 +171,7 @@ func testDetachedLeave(t *testing.T, watch, tlsOn bool) {
 	if h.Clients().ActiveClients("a") != 0 || h.metrics.conns(transportSSE).Load() != 0 {
 		t.Fatalf("after leaving: tracker %d, gauge %d", h.Clients().ActiveClients("a"), h.metrics.conns(transportSSE).Load())
 	}
-	h.live.subsMu.Lock()
-	subs := len(h.live.byTopic["a"])
-	h.live.subsMu.Unlock()
+	subs := h.live.StreamsOf("a")
 	if subs != 0 {
 		t.Fatalf("%d subscriptions left", subs)
 	}

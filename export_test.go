@@ -9,7 +9,7 @@ var ChaosSeedFlag, ChaosDurationFlag = chaosSeedFlag, chaosDurationFlag
 
 // Resync ends every open stream of h from inside the hub, as the hub does
 // when it must resync its clients: chaostest.Config.Disconnect.
-func Resync(h *EventHub) { h.resync() }
+func Resync(h *EventHub) { h.live.Resync() }
 
 // SetTestHookDetached sets the function called for each stream that
 // detaches; nil: none. Set it only while no hub serves streams.

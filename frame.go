@@ -1,52 +1,12 @@
 package replayd
 
 import (
-	"bytes"
 	"encoding/json"
 	"strconv"
 )
 
-// SSE frames (PROTOCOL.md describes them). Every frame ends with a blank line; field
-// values never hold CR or LF, because Publish rejects them in types and the
-// data is split into one "data:" line per payload line.
-
-// appendEventFrame appends "id: <seq>\nevent: <type>\ndata: <payload>\n\n".
-func appendEventFrame(b []byte, ev Event) []byte {
-	b = append(b, "id: "...)
-	b = strconv.AppendInt(b, ev.Sequence, 10)
-	b = append(b, '\n')
-	return appendFrame(b, ev.Type, ev.Payload)
-}
-
-// appendFrame appends an event frame without an id line.
-func appendFrame(b []byte, eventType string, data []byte) []byte {
-	b = append(b, "event: "...)
-	b = append(b, eventType...)
-	b = append(b, '\n')
-	return append(appendData(b, data), '\n')
-}
-
-// appendData writes data as one "data:" line per line. CR, LF and CRLF
-// each end a line, as they do for an SSE parser, so an EventSource
-// reassembles data joined by LF: byte for byte when data's line breaks are
-// LF, and JSON's insignificant CR whitespace comes back as LF.
-func appendData(b, data []byte) []byte {
-	for {
-		i := bytes.IndexAny(data, "\r\n")
-		if i < 0 {
-			b = append(b, "data: "...)
-			b = append(b, data...)
-			return append(b, '\n')
-		}
-		b = append(b, "data: "...)
-		b = append(b, data[:i]...)
-		b = append(b, '\n')
-		if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
-			i++
-		}
-		data = data[i+1:]
-	}
-}
+// SSE frames (PROTOCOL.md describes them) other than live delivery's: the
+// event frame and its encoding are internal/live's (frame.go there).
 
 // appendRetry appends the field "retry: <ms>\n", to begin the block of the
 // frame that follows: a block holding only retry reaches the applications

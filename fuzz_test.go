@@ -11,6 +11,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/internal/sseparse"
 	"github.com/replayd/replayd/internal/wiretest"
 )
@@ -129,7 +130,7 @@ func FuzzFrameEncoding(f *testing.F) {
 		}
 		ev := Event{Sequence: int64(seq >> 1), Type: typ, Payload: payload}
 		prefix := []byte("retry: 10\n\n")
-		b := appendEventFrame(append([]byte(nil), prefix...), ev)
+		b := live.AppendEventFrame(append([]byte(nil), prefix...), ev)
 		if !bytes.HasPrefix(b, prefix) {
 			t.Fatalf("appendEventFrame changed the bytes before it")
 		}
@@ -140,7 +141,7 @@ func FuzzFrameEncoding(f *testing.F) {
 			t.Fatalf("frame does not end with a blank line: %q", b)
 		}
 		// A second frame after it must come through untouched.
-		b = appendEventFrame(b, Event{Sequence: 1, Type: "next", Payload: []byte(`"after"`)})
+		b = live.AppendEventFrame(b, Event{Sequence: 1, Type: "next", Payload: []byte(`"after"`)})
 
 		wantData := strings.ReplaceAll(string(payload), "\r\n", "\n")
 		wantData = strings.ReplaceAll(wantData, "\r", "\n")

@@ -13,7 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replayd/replayd/internal/event"
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/sqlitestore"
+	"github.com/replayd/replayd/storage"
 )
 
 // ErrAlreadyTailing is returned by a second StartTail on the same hub while
@@ -144,7 +147,7 @@ type SSEOptions struct {
 
 // Defaults.
 const (
-	defaultType              = "message"
+	defaultType              = event.DefaultType
 	defaultTopicParam        = "topic"
 	defaultReplayLimit       = 100
 	defaultHeartbeatInterval = 15 * time.Second
@@ -210,10 +213,10 @@ func (opts Options) withDefaults() (Options, error) {
 		p.MaxLimit = defaultPollMaxLimit
 	}
 	if p.MemoryEvents == 0 {
-		p.MemoryEvents = pollWindowEvents
+		p.MemoryEvents = live.WindowEvents
 	}
 	if p.MemoryBytes == 0 {
-		p.MemoryBytes = pollWindowBytes
+		p.MemoryBytes = live.WindowBytes
 	}
 	return opts, nil
 }
@@ -238,13 +241,13 @@ type EventHub struct {
 	// commitAlone). Commits and their deliveries never overlap.
 	commitMu sync.Mutex
 	// alone: a lone Publish may commit on its own goroutine (commitAlone).
-	// Only over the SQLite store, whose Append gives up when its ctx ends
-	// whatever it waits for, so that Publish still returns with its ctx.
-	// Over another store, a call deaf to its ctx holds up the writer, and
-	// the caller can leave.
+	// Only over a store that is a storage.PromptAppender (the SQLite
+	// store), whose Append gives up when its ctx ends whatever it waits
+	// for, so that Publish still returns with its ctx. Over another store,
+	// a call deaf to its ctx holds up the writer, and the caller can leave.
 	alone bool
 
-	live live
+	live *live.Hub   // live delivery (internal/live)
 	txp  txPublisher // InTx and PublishTx (tx.go)
 
 	// conns counts open SSE streams and waiting long polls, against
@@ -280,7 +283,6 @@ type EventHub struct {
 	mu      sync.Mutex // guards the fields below, and wg.Add after Close
 	closed  bool
 	tailing bool
-	streams map[*stream]struct{}
 
 	// Test hooks, run by the SSE handler if set: after subscribing and
 	// before reading the log, and between the replay and going live.
@@ -315,9 +317,9 @@ func New(db *sql.DB, opts Options) (*EventHub, error) {
 
 // EnsureSchema creates the log's tables and index if they are missing. New
 // calls it; it is safe to call again and from several processes at once.
-// For a Store that is not a [SchemaEnsurer] it does nothing.
+// For a Store that is not a [storage.SchemaEnsurer] it does nothing.
 func (h *EventHub) EnsureSchema(ctx context.Context) error {
-	se, ok := h.store.(SchemaEnsurer)
+	se, ok := h.store.(storage.SchemaEnsurer)
 	if !ok {
 		return nil
 	}
@@ -325,26 +327,6 @@ func (h *EventHub) EnsureSchema(ctx context.Context) error {
 		return fmt.Errorf("replayd: ensure schema: %w", err)
 	}
 	return nil
-}
-
-// A PublishOption changes one Publish call.
-type PublishOption func(*publishOptions)
-
-type publishOptions struct {
-	eventType, eventID  string
-	typeSet, eventIDSet bool
-}
-
-// WithType sets the event's SSE type instead of Options.DefaultType.
-func WithType(eventType string) PublishOption {
-	return func(o *publishOptions) { o.eventType, o.typeSet = eventType, true }
-}
-
-// WithEventID sets the event's idempotency key. Publishing again with an id
-// that is already stored stores and delivers nothing and returns the
-// original event, so a publisher can retry safely.
-func WithEventID(id string) PublishOption {
-	return func(o *publishOptions) { o.eventID, o.eventIDSet = id, true }
 }
 
 // Publish appends an event to the log and delivers it to live subscribers.
@@ -367,7 +349,7 @@ func WithEventID(id string) PublishOption {
 func (h *EventHub) Publish(ctx context.Context, topic string, payload any, opts ...PublishOption) (Event, error) {
 	h.publishing.Add(1)
 	defer h.publishing.Add(-1)
-	po := publishOptions{eventType: h.opts.DefaultType}
+	po := event.Options{Type: h.opts.DefaultType}
 	for _, o := range opts {
 		o(&po)
 	}
@@ -402,9 +384,9 @@ func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult
 	var group []*publishReq
 	start := time.Now()
 	for i, ev := range evs {
-		po := publishOptions{eventType: h.opts.DefaultType, eventID: ev.EventID, eventIDSet: ev.EventID != ""}
+		po := event.Options{Type: h.opts.DefaultType, EventID: ev.EventID, EventIDSet: ev.EventID != ""}
 		if ev.Type != "" {
-			po.eventType = ev.Type
+			po.Type = ev.Type
 		}
 		out[i].Event = ev
 		req, err := h.publishReq(ev.Topic, json.RawMessage(ev.Payload), po)
@@ -453,7 +435,7 @@ func (h *EventHub) PublishBatch(ctx context.Context, evs []Event) []AppendResult
 // SubscribeWithGaps) are skipped without a word: a subscriber that must know
 // uses SubscribeWithGaps.
 func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
-	return h.live.subscribe(fn, nil)
+	return h.live.Subscribe(fn, nil)
 }
 
 // SubscribeWithGaps is Subscribe for a subscriber that must know when it
@@ -465,7 +447,7 @@ func (h *EventHub) Subscribe(fn func(Event)) (unsubscribe func()) {
 // outside (see [Gap]). Treat a gap as "re-sync from a snapshot", as an SSE
 // client treats a gap frame. Either callback may be nil.
 func (h *EventHub) SubscribeWithGaps(fn func(Event), gap func(Gap)) (unsubscribe func()) {
-	return h.live.subscribe(fn, gap)
+	return h.subscribe(fn, gap)
 }
 
 // Replay returns up to limit of the oldest events visible to topic whose
@@ -538,10 +520,8 @@ func (h *EventHub) Close() error {
 	h.closed = true
 	h.cancel()
 	close(h.done)
-	for s := range h.streams {
-		s.kill()
-	}
 	h.mu.Unlock()
+	h.live.Close() // ends every open SSE stream
 	stopped := make(chan struct{})
 	go func() {
 		h.wg.Wait()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/storage"
 )
 
 // One bad publish in a group-commit batch must not fail its neighbours. No
@@ -278,9 +279,7 @@ func TestStatsAndTracker(t *testing.T) {
 	a2.Close()
 	wiretest.WaitUntil(t, "tracker to see the disconnects", func() bool { return h.Clients().ActiveClients("a") == 0 })
 	// The subscriptions are gone too.
-	h.live.subsMu.Lock()
-	subs := len(h.live.byTopic["a"])
-	h.live.subsMu.Unlock()
+	subs := h.live.StreamsOf("a")
 	if subs != 0 {
 		t.Fatalf("%d subscriptions left on topic a", subs)
 	}
@@ -301,7 +300,7 @@ func (c *countingStore) Head(ctx context.Context) (int64, error) {
 	return c.Store.Head(ctx)
 }
 
-func (c *countingStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
+func (c *countingStore) Read(ctx context.Context, req storage.ReadRequest) (storage.Page, error) {
 	c.reads.Add(1)
 	return c.Store.Read(ctx, req)
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/replayd/replayd/internal/event"
 )
 
 var jsonSeeds = []string{
@@ -13,10 +15,10 @@ var jsonSeeds = []string{
 	`[]`, `[1,]`, `[,1]`, `[1 2]`, ` [ 1 , [ ] , { } ] `, `{}`, `{"a":1}`, `{"a":1,}`, `{"a" 1}`, `{a:1}`,
 	`{"a":{"b":[true,false,null]}}`, `{"a":1}x`, `1 2`, "\n{\r\n\t\"a\" : 1\n}\n", `{"a":1`, `[`, `]`,
 	`"\/\b\f\n\r\t\\"`, `+1`, `Infinity`, `NaN`, "\x00", "1\x00",
-	strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth),
-	strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1),
-	strings.Repeat(`{"a":`, maxJSONDepth) + "1" + strings.Repeat("}", maxJSONDepth),
-	strings.Repeat(`{"a":`, maxJSONDepth+1) + "1" + strings.Repeat("}", maxJSONDepth+1),
+	strings.Repeat("[", event.MaxJSONDepth) + strings.Repeat("]", event.MaxJSONDepth),
+	strings.Repeat("[", event.MaxJSONDepth+1) + strings.Repeat("]", event.MaxJSONDepth+1),
+	strings.Repeat(`{"a":`, event.MaxJSONDepth) + "1" + strings.Repeat("}", event.MaxJSONDepth),
+	strings.Repeat(`{"a":`, event.MaxJSONDepth+1) + "1" + strings.Repeat("}", event.MaxJSONDepth+1),
 }
 
 // FuzzValidJSON holds validJSON to encoding/json.Valid's answers.

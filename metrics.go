@@ -170,12 +170,6 @@ type metrics struct {
 	slowConsumerCuts, liveFrames, prunedEvents, tailPolls         atomic.Uint64
 	pollMemory                                                    atomic.Uint64
 	tailLagNanos                                                  atomic.Int64
-
-	// framesPending counts frames queued since the last flushLiveFrames. It
-	// is a plain integer, guarded by the hub's live.mu (streams are pushed
-	// to only under it): an atomic add per frame and connection measured
-	// ~5 ns, a fifth of a delivery, so frames are added once per dispatch.
-	framesPending uint64
 }
 
 // Metrics returns a snapshot of the hub's counters. It takes no lock and
@@ -268,19 +262,12 @@ func (m *metrics) gap(reason string) {
 	}
 }
 
-func (m *metrics) slowConsumerCut()       { m.slowConsumerCuts.Add(1) }
-func (m *metrics) liveFramesQueued(n int) { m.framesPending += uint64(n) } // under live.mu
-
-// flushLiveFrames publishes the frames queued since the last call; called
-// under live.mu after each dispatch.
-func (m *metrics) flushLiveFrames() {
-	if m.framesPending > 0 {
-		m.liveFrames.Add(m.framesPending)
-		m.framesPending = 0
-	}
-}
-func (m *metrics) pruned(n int64) { m.prunedEvents.Add(uint64(n)) }
-func (m *metrics) tailPolled()    { m.tailPolls.Add(1) }
+// SlowConsumerCut and FramesQueued make metrics live delivery's sink
+// (live.Sink): it counts frames per dispatch, not per frame.
+func (m *metrics) SlowConsumerCut()      { m.slowConsumerCuts.Add(1) }
+func (m *metrics) FramesQueued(n uint64) { m.liveFrames.Add(n) }
+func (m *metrics) pruned(n int64)        { m.prunedEvents.Add(uint64(n)) }
+func (m *metrics) tailPolled()           { m.tailPolls.Add(1) }
 
 // tailLag records the age of the newest row a tail poll delivered; 0 when
 // it found nothing new.

@@ -41,7 +41,7 @@ func TestMetricsRecordingDoesNotAllocate(t *testing.T) {
 		m.publishDuration(123 * time.Microsecond)
 		m.replayed(transportSSE, 7)
 		m.replayed(transportPoll, 0)
-		m.liveFramesQueued(1)
+		m.FramesQueued(1)
 		m.gap(reasonPruned)
 		m.refused(refusedOrigin)
 		m.connOpened(transportSSE)
@@ -83,7 +83,7 @@ func TestMetricsTailLag(t *testing.T) {
 	mustPublish(t, worker, "a", 2)
 	time.Sleep(age)
 	for i, want := range []int{1, 0} {
-		n, err := server.poll(context.Background())
+		n, err := server.tailOnce(context.Background())
 		lag := server.Metrics().TailLag
 		if err != nil || n != want || (n == 1) != (lag >= age) || (n == 0) != (lag == 0) {
 			t.Fatalf("poll %d: %d rows, %v, lag %v", i, n, err, lag)

@@ -10,6 +10,10 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/replayd/replayd/storage"
+
+	"github.com/replayd/replayd/internal/live"
 )
 
 // PollHandler returns the poll endpoint: the log, cursors and gaps of the
@@ -374,13 +378,13 @@ func checkPayloads(evs []pollEvent) error {
 // that the log could not be read (or the hub is closing).
 func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.Request, topics []string, p pollParams) (pollAnswer, int, error) {
 	ans := pollAnswer{Topics: topics, Events: []pollEvent{}}
-	var waiter *pollWaiter
+	var waiter *live.Waiter
 	if p.wait > 0 {
 		// Registered before the log is read: an event committed after the
 		// read wakes the wait; one committed before is in the read.
-		waiter = &pollWaiter{topics: topics, wake: make(chan struct{}, 1)}
-		h.live.addWaiter(waiter)
-		defer h.live.removeWaiter(waiter)
+		waiter = live.NewWaiter(topics)
+		h.live.AddWaiter(waiter)
+		defer h.live.RemoveWaiter(waiter)
 	}
 	var (
 		deadline   *time.Timer
@@ -474,8 +478,8 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 			revoked, unrevoke = revokedChan(ctx)
 		}
 		select {
-		case <-waiter.wake:
-			h.live.addWaiter(waiter) // before the next read, as above
+		case <-waiter.Woken():
+			h.live.AddWaiter(waiter) // before the next read, as above
 		case <-deadline.C:
 			return ans, http.StatusOK, nil
 		case <-revoked:
@@ -506,23 +510,48 @@ func (h *EventHub) revokedPoll(w http.ResponseWriter, ans pollAnswer, waited boo
 
 // readPoll reads a poll's page under a read slot: for a fresh request only
 // the head counts, and nothing above it is returned.
-func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (Page, []bool, error) {
-	if pg, asIs, ok := h.pollFromMemory(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes}, fresh); ok {
+func (h *EventHub) readPoll(ctx context.Context, topics []string, cursor int64, fresh bool, limit int) (storage.Page, []bool, error) {
+	if pg, asIs, ok := h.live.AnswerPoll(ctx, storage.ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes}, fresh); ok {
+		h.metrics.pollMemory.Add(1)
 		return pg, asIs, nil
 	}
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
-			return Page{}, nil, ctx.Err()
+			return storage.Page{}, nil, ctx.Err()
 		}
-		return Page{}, nil, ErrClosed
+		return storage.Page{}, nil, ErrClosed
 	}
 	defer h.releaseRead()
 	if fresh {
 		cursor = maxSequence // read the head and the watermark only
 	}
-	pg, err := h.store.Read(ctx, ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes})
+	pg, err := h.store.Read(ctx, storage.ReadRequest{Scope: topics, After: cursor, Limit: limit, MaxBytes: pollPageBytes})
 	if fresh {
 		pg.Watermark, pg.Foreign = 0, false // a fresh request is owed no gap
 	}
 	return pg, nil, err
+}
+
+// encodesAsIs reports whether raw is valid JSON that pollEncoder.raw
+// would copy unchanged: compact, without <, >, &, U+2028 or U+2029.
+func encodesAsIs(raw []byte) bool {
+	if raw == nil || !validJSON(raw) {
+		return false
+	}
+	inString := false
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case c == '"':
+			inString = !inString
+		case c == '\\':
+			i++
+		case c == '<' || c == '>' || c == '&':
+			return false
+		case c == 0xE2 && i+2 < len(raw) && raw[i+1] == 0x80 && raw[i+2]&^1 == 0xA8:
+			return false
+		case !inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			return false
+		}
+	}
+	return true
 }

@@ -48,9 +48,7 @@ func TestPollClientLeavingReleasesItsWait(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	h.live.subsMu.Lock()
-	waiters := len(h.live.waiters)
-	h.live.subsMu.Unlock()
+	waiters := h.live.WaiterSets()
 	if waiters != 0 {
 		t.Fatalf("%d waiter sets left", waiters)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/storage"
 )
 
 // TestPollFromMemoryMatchesLog asks random polls twice, once as the hub
@@ -70,8 +71,8 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 	}
 	get := func(q url.Values, fromLog bool) (int, []byte) {
 		t.Helper()
-		cur.Load().live.pollWin.off.Store(fromLog)
-		defer cur.Load().live.pollWin.off.Store(false)
+		cur.Load().live.SetWindowOff(fromLog)
+		defer cur.Load().live.SetWindowOff(false)
 		resp, body := wiretest.Do(t, http.DefaultClient, http.MethodGet, srv.URL+"?"+q.Encode(), nil, wiretest.WaitFor)
 		return resp.StatusCode, body
 	}
@@ -94,18 +95,18 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 			}
 			// Reads of the log before the publish, which the window must
 			// still give for a probe made then, though it went on since.
-			probe, err := h.store.Read(ctx, ReadRequest{After: maxSequence, Limit: 1})
+			probe, err := h.store.Read(ctx, storage.ReadRequest{After: maxSequence, Limit: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
-			var reqs []ReadRequest
-			var wants []Page
+			var reqs []storage.ReadRequest
+			var wants []storage.Page
 			for range 3 {
 				cursor := probe.Head
 				if len(known) > 0 && rng.IntN(4) > 0 {
 					cursor = known[max(0, len(known)-1-rng.IntN(min(len(known), 30)))]
 				}
-				req := ReadRequest{Scope: scopes[rng.IntN(len(scopes))], After: cursor, Limit: rng.IntN(10) + 1, MaxBytes: 1 << 20}
+				req := storage.ReadRequest{Scope: scopes[rng.IntN(len(scopes))], After: cursor, Limit: rng.IntN(10) + 1, MaxBytes: 1 << 20}
 				want, err := h.store.Read(ctx, req)
 				if err != nil {
 					t.Fatal(err)
@@ -121,7 +122,7 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 				}
 			}
 			for i, req := range reqs {
-				got, _, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark)
+				got, ok := h.live.WindowAnswer(req, probe.Head, probe.Watermark)
 				if !ok {
 					continue
 				}
@@ -198,12 +199,12 @@ func TestPollFromMemoryMatchesLog(t *testing.T) {
 			// The window's page against the log's, with a byte bound the
 			// handler's 4 MiB never reaches here.
 			if cursor >= 0 {
-				req := ReadRequest{Scope: q["topic"], After: cursor, Limit: rng.IntN(20) + 1, MaxBytes: []int{rng.IntN(8) + 1, rng.IntN(3000) + 1}[rng.IntN(2)]}
-				probe, err := h.store.Read(ctx, ReadRequest{After: maxSequence, Limit: 1})
+				req := storage.ReadRequest{Scope: q["topic"], After: cursor, Limit: rng.IntN(20) + 1, MaxBytes: []int{rng.IntN(8) + 1, rng.IntN(3000) + 1}[rng.IntN(2)]}
+				probe, err := h.store.Read(ctx, storage.ReadRequest{After: maxSequence, Limit: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if got, _, ok := h.live.pollWin.answer(req, probe.Head, probe.Watermark); ok {
+				if got, ok := h.live.WindowAnswer(req, probe.Head, probe.Watermark); ok {
 					want, err := h.store.Read(ctx, req)
 					if err != nil {
 						t.Fatal(err)
@@ -346,13 +347,13 @@ func TestPollProbeStartedBeforeNotShared(t *testing.T) {
 	var releaseOnce sync.Once
 	defer releaseOnce.Do(func() { close(release) }) // before the cleanups wait for the polls
 	first := true
-	h.live.probe.hook = func() { // called by one probe at a time
+	h.live.SetProbeHook(func() { // called by one probe at a time
 		if first {
 			first = false
 			close(reading)
 			<-release
 		}
-	}
+	})
 	poll := func(cursor int64) <-chan string {
 		out := make(chan string, 1)
 		go func() {
@@ -373,10 +374,7 @@ func TestPollProbeStartedBeforeNotShared(t *testing.T) {
 	b := poll(ev1.Sequence)
 	// b waits for a probe of its own.
 	for deadline := time.Now().Add(waitFor); ; time.Sleep(time.Millisecond) {
-		h.live.probe.mu.Lock()
-		waiting := h.live.probe.pending != nil && h.live.probe.pending != h.live.probe.last
-		h.live.probe.mu.Unlock()
-		if waiting {
+		if h.live.ProbeWaiting() {
 			break
 		}
 		if time.Now().After(deadline) {

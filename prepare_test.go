@@ -6,11 +6,24 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/replayd/replayd/internal/event"
 )
 
-// PrepareEvent is Publish's validation: what one refuses the other
-// refuses with the same error, and what one accepts comes out the same.
-func TestPrepareEventIsPublishs(t *testing.T) {
+// prepareAsTx prepares an event as replaydpg's PublishTx does: the
+// options applied over event.DefaultType, then event.Prepare.
+func prepareAsTx(topic string, payload any, opts ...PublishOption) (Event, error) {
+	o := event.Options{Type: event.DefaultType}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return event.Prepare(topic, payload, o)
+}
+
+// event.Prepare, as a PublishTx outside the hub calls it, is Publish's
+// validation: what one refuses the other refuses with the same error, and
+// what one accepts comes out the same.
+func TestPrepareIsPublishs(t *testing.T) {
 	db, _ := openTestDB(t)
 	h := newTestHub(t, db, Options{})
 	ctx := context.Background()
@@ -30,18 +43,18 @@ func TestPrepareEventIsPublishs(t *testing.T) {
 		{"", map[string]int{"n": 1}, []PublishOption{WithEventID("ok-2")}},
 	}
 	for _, c := range cases {
-		pe, perr := PrepareEvent(c.topic, c.payload, c.opts...)
+		pe, perr := prepareAsTx(c.topic, c.payload, c.opts...)
 		ev, err := h.Publish(ctx, c.topic, c.payload, c.opts...)
 		switch {
 		case (perr == nil) != (err == nil):
-			t.Errorf("topic %.20q: PrepareEvent %v, Publish %v", c.topic, perr, err)
+			t.Errorf("topic %.20q: Prepare %v, Publish %v", c.topic, perr, err)
 		case err != nil && (perr.Error() != err.Error() || !errors.Is(perr, ErrInvalid)):
-			t.Errorf("topic %.20q: PrepareEvent %v, Publish %v", c.topic, perr, err)
+			t.Errorf("topic %.20q: Prepare %v, Publish %v", c.topic, perr, err)
 		case err == nil && (pe.EventID != ev.EventID || pe.Type != ev.Type || pe.Topic != ev.Topic || string(pe.Payload) != string(ev.Payload) || pe.Sequence != 0):
-			t.Errorf("PrepareEvent %+v, Publish %+v", pe, ev)
+			t.Errorf("Prepare %+v, Publish %+v", pe, ev)
 		}
 	}
-	if ev, err := PrepareEvent("room", 1); err != nil || ev.Type != "message" || len(ev.EventID) != 36 {
+	if ev, err := prepareAsTx("room", 1); err != nil || ev.Type != "message" || len(ev.EventID) != 36 {
 		t.Errorf("defaults: %+v, %v", ev, err)
 	}
 }

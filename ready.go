@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // Ready reports whether the hub can read and write its log, for a load
 // balancer's readiness probe: nil when it can. It reads the head, then, if
-// the store is a [WriteProber], checks that it could write. The SQLite store
+// the store is a [storage.WriteProber], checks that it could write. The SQLite store
 // takes and releases the log's write lock (BEGIN IMMEDIATE, ROLLBACK)
 // without writing anything; the probe queues behind the store's own commits
 // instead of racing them for SQLite's lock, so it never stalls a publish; a
@@ -25,7 +27,7 @@ func (h *EventHub) Ready(ctx context.Context) error {
 	if _, err := h.store.Head(ctx); err != nil {
 		return fmt.Errorf("replayd: ready: read: %w", err)
 	}
-	p, ok := h.store.(WriteProber)
+	p, ok := h.store.(storage.WriteProber)
 	if !ok {
 		return nil
 	}

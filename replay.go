@@ -3,6 +3,9 @@ package replayd
 import (
 	"context"
 	"errors"
+
+	"github.com/replayd/replayd/internal/live"
+	"github.com/replayd/replayd/storage"
 )
 
 // What the log owes a stream resuming from its cursor (PROTOCOL.md,
@@ -16,7 +19,7 @@ import (
 // gap. It returns the cursor the stream's hello carries (its own, or the
 // head if it is fresh or treated as fresh), the window to replay and the
 // gap, nil if none; false if the stream ended (it was answered).
-func (c *sseStream) handshake() (cursor int64, hs Window, g *gap, ok bool) {
+func (c *sseStream) handshake() (cursor int64, hs storage.Window, g *gap, ok bool) {
 	h, w, ctx := c.h, c.w, c.ctx
 	cursor, valid := parseCursor(c.rawCursor)
 	readFrom := int64(-1) // fresh: read only the head
@@ -59,7 +62,7 @@ func (c *sseStream) handshake() (cursor int64, hs Window, g *gap, ok bool) {
 // of its own: SQLite's code grows the stack that runs it, and a handler's
 // stack stays that size for as long as the connection is open (measured:
 // 38.5 against 30.6 KiB per idle connection).
-func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs Window, err error) {
+func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs storage.Window, err error) {
 	if !h.acquireRead(ctx) {
 		if ctx.Err() != nil {
 			return hs, ctx.Err()
@@ -89,7 +92,7 @@ func offStack(fn func()) {
 }
 
 // gapFor returns the gap frame a new stream is owed, or nil (PROTOCOL.md, "gap").
-func gapFor(rawCursor string, cursor int64, valid bool, hs Window, limit int) *gap {
+func gapFor(rawCursor string, cursor int64, valid bool, hs storage.Window, limit int) *gap {
 	switch {
 	case rawCursor == "":
 		return nil
@@ -133,18 +136,18 @@ const (
 // scope above the last event written, the page just read may lack rows:
 // the stream ends instead, and the client's reconnect gets a pruned gap.
 // It returns how many events it wrote, and false if the stream must end.
-func (c *sseStream) replay(hs Window) (n int, ok bool) {
+func (c *sseStream) replay(hs storage.Window) (n int, ok bool) {
 	h, ctx, w, s, topics := c.h, c.ctx, c.w, c.s, c.topics
 	for after := hs.From - 1; after < hs.Head; {
 		if isRevoked(ctx) || !h.acquireRead(ctx) {
 			return n, false
 		}
 		var (
-			p   Page
+			p   storage.Page
 			err error
 		)
 		offStack(func() {
-			p, err = h.store.Read(ctx, ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
+			p, err = h.store.Read(ctx, storage.ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
 		})
 		h.releaseRead()
 		page, mark := p.Events, p.Watermark
@@ -163,9 +166,9 @@ func (c *sseStream) replay(hs Window) (n int, ok bool) {
 		case len(page) == 0:
 			return n, true
 		}
-		ok := s.send(w, func(b []byte) []byte {
+		ok := s.Send(w, func(b []byte) []byte {
 			for _, ev := range page {
-				b = appendEventFrame(b, ev)
+				b = live.AppendEventFrame(b, ev)
 			}
 			return b
 		})

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/storage"
 )
 
 // watchedCtx is a revocation context that counts who watches it: the
@@ -186,12 +187,12 @@ func (s revokingStore) Head(ctx context.Context) (int64, error) {
 	return s.Store.Head(ctx)
 }
 
-func (s revokingStore) Window(ctx context.Context, scope []string, cursor int64, limit int) (Window, error) {
+func (s revokingStore) Window(ctx context.Context, scope []string, cursor int64, limit int) (storage.Window, error) {
 	s.hook(ctx, "Window")
 	return s.Store.Window(ctx, scope, cursor, limit)
 }
 
-func (s revokingStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
+func (s revokingStore) Read(ctx context.Context, req storage.ReadRequest) (storage.Page, error) {
 	s.hook(ctx, "Read")
 	return s.Store.Read(ctx, req)
 }

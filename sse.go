@@ -3,18 +3,14 @@ package replayd
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// writeTimeout bounds each write to a client (a write gets between half of
-// it and all of it, see write). A client that cannot take a write that long
-// is disconnected; it resumes from the log.
-const writeTimeout = 15 * time.Second
+	"github.com/replayd/replayd/internal/live"
+)
 
 // sseHandler is the hub's SSE endpoint.
 type sseHandler EventHub
@@ -65,11 +61,11 @@ type sseStream struct {
 	remote    string // the client's address, for logs
 
 	// What end undoes, each set by the step that did it.
-	release  func()      // frees the admission's MaxConnections slot (admitStream)
-	cw       *connWriter // the connection taken off net/http (detach); nil on a handler
-	cancel   func()      // ends ctx (detach, watchRevocation); nil while ctx is the request's
-	unrevoke func()      // ends the revocation watch (watchRevocation); nil if none
-	s        *stream     // the live queue, once subscribed (subscribe); nil before
+	release  func()       // frees the admission's MaxConnections slot (admitStream)
+	cw       *connWriter  // the connection taken off net/http (detach); nil on a handler
+	cancel   func()       // ends ctx (detach, watchRevocation); nil while ctx is the request's
+	unrevoke func()       // ends the revocation watch (watchRevocation); nil if none
+	s        *live.Stream // the live queue, once subscribed (subscribe); nil before
 
 	// The live phase.
 	floor   int64       // the last sequence written; the queue may repeat some at or below it
@@ -141,13 +137,7 @@ func (c *sseStream) open() bool {
 // stream was answered).
 func (c *sseStream) subscribe() bool {
 	h := c.h
-	s := &stream{
-		m:      &h.metrics,
-		topics: c.topics,
-		rc:     http.NewResponseController(c.w),
-		max:    h.opts.SSE.MaxBufferedBytes,
-		wake:   make(chan struct{}, 1),
-	}
+	s := live.NewStream(c.topics, http.NewResponseController(c.w), h.opts.SSE.MaxBufferedBytes)
 	if !h.addStream(s) {
 		endEarly(c.w, "server is shutting down")
 		return false
@@ -158,7 +148,7 @@ func (c *sseStream) subscribe() bool {
 
 	// Subscribe before reading the head: every row committed later is
 	// queued on s, every row committed earlier is at or below the head.
-	h.live.addStream(s)
+	h.live.AddStream(s)
 	if h.testHookAfterSubscribe != nil {
 		h.testHookAfterSubscribe()
 	}
@@ -176,13 +166,13 @@ func (c *sseStream) writeHello(cursor, head int64, g *gap) bool {
 	if c.topic != "" {
 		hi.Topic = &c.topic
 	}
-	return c.s.send(c.w, func(b []byte) []byte {
+	return c.s.Send(c.w, func(b []byte) []byte {
 		if o.Retry > 0 {
 			b = appendRetry(b, o.Retry.Milliseconds())
 		}
-		b = appendEventFrame(b, Event{Sequence: cursor, Type: "hello", Payload: mustJSON(hi)})
+		b = live.AppendEventFrame(b, Event{Sequence: cursor, Type: "hello", Payload: mustJSON(hi)})
 		if g != nil {
-			b = appendFrame(b, o.GapEventType, mustJSON(g))
+			b = live.AppendFrame(b, o.GapEventType, mustJSON(g))
 		}
 		return b
 	})
@@ -205,7 +195,7 @@ func (c *sseStream) liveLoop() {
 	})
 	defer c.disarm()
 	for {
-		<-c.s.wake
+		<-c.s.Wake()
 		if !c.step() {
 			return
 		}
@@ -213,12 +203,7 @@ func (c *sseStream) liveLoop() {
 }
 
 // signal wakes liveLoop.
-func (c *sseStream) signal() {
-	select {
-	case c.s.wake <- struct{}{}:
-	default:
-	}
-}
+func (c *sseStream) signal() { c.s.Signal() }
 
 // arm starts what wakes a live stream besides its queue: its heartbeat
 // timer, which calls beat, and its context's end, which calls wake.
@@ -271,24 +256,24 @@ func (c *sseStream) step() bool {
 // false if the stream must end.
 func (c *sseStream) writeQueued() bool {
 	s := c.s
-	q, ok := s.take()
+	q, ok := s.Take()
 	if !ok || isRevoked(c.ctx) {
-		s.release(q)
+		s.Release(q)
 		return false
 	}
 	if len(q) == 0 {
 		return true
 	}
-	ok = s.send(c.w, func(b []byte) []byte {
-		for _, le := range q {
-			if le.Sequence > c.floor {
-				b = append(b, le.frame...)
-				c.floor = le.Sequence
+	ok = s.Send(c.w, func(b []byte) []byte {
+		for _, f := range q {
+			if f.Sequence > c.floor {
+				b = append(b, f.Bytes...)
+				c.floor = f.Sequence
 			}
 		}
 		return b
 	})
-	s.release(q)
+	s.Release(q)
 	return ok
 }
 
@@ -306,7 +291,7 @@ func (c *sseStream) beat(now time.Time) bool {
 	if err != nil {
 		c.h.logger.Warn("replayd: encode HeartbeatData", "topic", c.topic, "err", err)
 	}
-	return c.s.send(c.w, func(b []byte) []byte { return appendFrame(b, "heartbeat", data) })
+	return c.s.Send(c.w, func(b []byte) []byte { return live.AppendFrame(b, "heartbeat", data) })
 }
 
 // end is a stream's last step, however it ended (answered by open, its
@@ -337,12 +322,12 @@ func (c *sseStream) finish() {
 	if s == nil {
 		return
 	}
-	h.live.removeStream(s)
+	h.live.RemoveStream(s)
 	h.metrics.connClosed(transportSSE)
 	h.clients.closed(c.topics)
-	if s.wasCut() {
+	if s.WasCut() {
 		h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
-			"topics", c.topics, "remote", c.remote, "maxBufferedBytes", s.max)
+			"topics", c.topics, "remote", c.remote, "maxBufferedBytes", h.opts.SSE.MaxBufferedBytes)
 	}
 	h.removeStream(s)
 }
@@ -387,176 +372,30 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// addStream registers s so Close and resync can end it; false if the hub
+// addStream registers s so Close and a resync can end it; false if the hub
 // is closed.
-func (h *EventHub) addStream(s *stream) bool {
+func (h *EventHub) addStream(s *live.Stream) bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
+		h.mu.Unlock()
 		return false
 	}
-	h.streams[s] = struct{}{}
 	h.wg.Add(1)
+	h.mu.Unlock()
+	if !h.live.Track(s) { // closed since
+		h.wg.Done()
+		return false
+	}
 	return true
 }
 
-func (h *EventHub) removeStream(s *stream) {
-	h.mu.Lock()
-	delete(h.streams, s)
-	h.mu.Unlock()
+func (h *EventHub) removeStream(s *live.Stream) {
+	h.live.Untrack(s)
 	h.wg.Done()
-}
-
-// stream is one SSE connection's queue of live frames. Publishers push onto
-// it without ever waiting; the handler goroutine drains it into one write
-// and one flush.
-type stream struct {
-	m      *metrics
-	topics []string // the scope; none: global
-	rc     *http.ResponseController
-
-	// lastPushed is the sequence pushed last, so that an event matching
-	// several of the stream's subscriptions is queued once. Guarded by the
-	// hub's live.subsMu.
-	lastPushed int64
-
-	max  int           // cap on queued bytes; negative: none
-	wake chan struct{} // signalled when the queue gains frames or s dies
-
-	mu       sync.Mutex // guards the fields below
-	queue    []*liveEvent
-	spare    []*liveEvent // the drained queue, reused
-	queued   int          // bytes pushed and not yet written
-	dead     bool         // over the cap or killed: the stream must end
-	cut      bool         // killed for passing the cap
-	deadline time.Time    // the write deadline set last
-}
-
-// push queues le, or kills the stream if that would pass its cap.
-func (s *stream) push(le *liveEvent) {
-	s.mu.Lock()
-	if s.dead {
-		s.mu.Unlock()
-		return
-	}
-	// The cap applies only once something is unsent, so a frame of any
-	// size Publish accepts always fits an empty queue. Frames are shared by
-	// every connection, so the one frame costs a connection no memory.
-	if s.max >= 0 && s.queued > 0 && s.queued+len(le.frame) > s.max {
-		s.m.slowConsumerCut()
-		s.cut = true
-		s.killLocked()
-		s.mu.Unlock()
-		return
-	}
-	if s.queue == nil {
-		s.queue, s.spare = s.spare, nil
-	}
-	s.queue = append(s.queue, le)
-	s.queued += len(le.frame)
-	s.mu.Unlock()
-	s.m.liveFramesQueued(1)
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-// wasCut reports whether the stream was ended for passing its cap.
-func (s *stream) wasCut() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cut
-}
-
-// take returns the queued frames; false if the stream must end.
-func (s *stream) take() ([]*liveEvent, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q := s.queue
-	s.queue = nil
-	return q, !s.dead
-}
-
-// release returns a drained queue once its frames are written.
-func (s *stream) release(q []*liveEvent) {
-	n := 0
-	for _, le := range q {
-		n += len(le.frame)
-	}
-	clear(q)
-	s.mu.Lock()
-	s.queued -= n
-	if s.spare == nil && cap(q) <= 1024 { // at most 8 KiB kept after a burst
-		s.spare = q[:0]
-	}
-	s.mu.Unlock()
 }
 
 // bufPool holds write buffers, so an idle connection keeps none.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
-
-// send builds frames with build into a pooled buffer, writes and flushes
-// them; false if the stream must end.
-func (s *stream) send(w http.ResponseWriter, build func([]byte) []byte) bool {
-	bp := bufPool.Get().(*[]byte)
-	b := build((*bp)[:0])
-	ok := s.write(w, b)
-	if cap(b) <= 64<<10 { // a burst's big buffer is left to the GC
-		*bp = b[:0]
-		bufPool.Put(bp)
-	}
-	return ok
-}
-
-// write writes b and flushes, within writeTimeout; false if the stream
-// must end.
-func (s *stream) write(w http.ResponseWriter, b []byte) bool {
-	s.mu.Lock()
-	if s.dead {
-		s.mu.Unlock()
-		return false
-	}
-	// Moving the deadline costs a runtime timer update, so it is moved only
-	// once half of it is used up: every write gets 7.5 to 15s. It is set
-	// under mu, so a concurrent kill's deadline is never overwritten.
-	if now := time.Now(); now.After(s.deadline.Add(-writeTimeout / 2)) {
-		s.deadline = now.Add(writeTimeout)
-		if err := s.rc.SetWriteDeadline(s.deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			s.mu.Unlock()
-			return false
-		}
-	}
-	s.mu.Unlock()
-	if len(b) > 0 {
-		if _, err := w.Write(b); err != nil {
-			return false
-		}
-	}
-	return s.rc.Flush() == nil
-}
-
-// kill ends the stream: its handler returns at its next step, and a write
-// in progress fails at once.
-func (s *stream) kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killLocked()
-}
-
-func (s *stream) killLocked() {
-	if s.dead {
-		return
-	}
-	s.dead = true
-	clear(s.queue)
-	s.queue = nil
-	_ = s.rc.SetWriteDeadline(time.Now())
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
 
 // handshakeSlots is how many SSE log reads may run at once on a pool of
 // poolSize connections (0: unlimited): two fewer than the pool, one

@@ -14,7 +14,10 @@ import (
 
 // The storage contract lives in package storage (the manner of
 // database/sql/driver), so that a backend depends on it alone; these aliases
-// are the same types under the names applications use.
+// are the same types under the names applications use. What only a
+// backend's author needs (ReadRequest, Page, Window, Span, and the optional
+// capabilities such as Notifier and TxAppender) is named in package storage
+// alone.
 type (
 	// Store is the durable, append-only log behind an EventHub: see
 	// [storage.Store] for every promise a backend keeps. [New] uses the
@@ -24,29 +27,9 @@ type (
 	Store = storage.Store
 	// Event is one published event as stored in the log.
 	Event = storage.Event
-	// AppendResult is the outcome of one event of a Store's Append.
+	// AppendResult is the outcome of one event of a Store's Append, and of
+	// PublishBatch.
 	AppendResult = storage.AppendResult
-	// ReadRequest selects the events a Store's Read returns.
-	ReadRequest = storage.ReadRequest
-	// Page is a Store's Read answer, read in one snapshot.
-	Page = storage.Page
-	// Window is a Store's Window answer, read in one snapshot.
-	Window = storage.Window
-	// Span describes the retained events of a scope in a range.
-	Span = storage.Span
-	// Notifier is an optional Store capability: appends can be waited for
-	// ([EventHub.StartTail] uses it).
-	Notifier = storage.Notifier
-	// SchemaEnsurer is an optional Store capability: it creates its schema
-	// ([EventHub.EnsureSchema] calls it).
-	SchemaEnsurer = storage.SchemaEnsurer
-	// WriteProber is an optional Store capability: it checks it could
-	// write ([EventHub.Ready] calls it).
-	WriteProber = storage.WriteProber
-	// TxAppender is an optional Store capability: it appends inside the
-	// application's own *sql.Tx on its database ([EventHub.InTx] and
-	// [EventHub.PublishTx] use it; the SQLite store has it).
-	TxAppender = storage.TxAppender
 	// RetentionPolicy bounds the log. Zero fields are no limit: MaxEvents
 	// keeps at most that many newest events of the whole log (not per
 	// topic), MaxAge deletes events older than that.
@@ -73,8 +56,9 @@ var (
 // is lent to it per batch instead): close it when done, after any hub over
 // it, through io.Closer (s.(io.Closer).Close()); it never closes db. Writes
 // after Close fail; reads keep working while db is open. It implements
-// [Store], [SchemaEnsurer], [WriteProber] and [TxAppender]; several stores, in one
-// process or several, may share one database file. Behind New, the hub
+// [Store] and storage's SchemaEnsurer, WriteProber, TxAppender, Counter and
+// PromptAppender; several stores, in one process or several, may share one
+// database file. Behind New, the hub
 // closes it.
 func NewSQLiteStore(db *sql.DB) (Store, error) {
 	s, err := sqlitestore.Open(db, sqlitestore.Options{})
@@ -104,7 +88,7 @@ var ErrLogReplaced = sqlitestore.ErrLogReplaced
 
 // NewWithStore returns a hub over s. The hub never closes s: the caller
 // owns it and closes it after the hub. Rows already in the log are never
-// delivered live; clients get them by replay. If s is a [SchemaEnsurer],
+// delivered live; clients get them by replay. If s is a [storage.SchemaEnsurer],
 // the schema is created first.
 func NewWithStore(s Store, opts Options) (*EventHub, error) {
 	if s == nil {
@@ -133,10 +117,11 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 		clients: newTopicClientTracker(),
 		queue:   newPubQueue(),
 		done:    make(chan struct{}),
-		streams: make(map[*stream]struct{}),
 	}
 	h.log = &EventLog{store: s}
-	_, h.alone = s.(*sqlitestore.Store)
+	if pa, ok := s.(storage.PromptAppender); ok {
+		h.alone = pa.AppendsPromptly()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if owned == nil { // New's SQLite store made its schema already
@@ -144,16 +129,16 @@ func newHub(s Store, opts Options, owned io.Closer) (h *EventHub, err error) {
 			return nil, err
 		}
 	}
-	if h.live.pos, err = s.Head(ctx); err != nil {
+	head, err := s.Head(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("replayd: new: %w", err)
 	}
+	h.live = h.newLive(head)
 	pool := 0
 	if ps, ok := s.(storage.PoolSizer); ok {
 		pool = ps.PoolSize()
 	}
 	h.handshakes = make(chan struct{}, handshakeSlots(pool))
-	h.live.init()
-	h.live.pollWin.limit(opts.Poll.MemoryEvents, opts.Poll.MemoryBytes)
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.writeCtx, h.writeCancel = context.WithCancel(context.Background())
 	h.abandoned = make(chan struct{})

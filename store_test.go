@@ -10,6 +10,7 @@ import (
 
 	"github.com/replayd/replayd/internal/wiretest"
 	"github.com/replayd/replayd/sqlitestore"
+	"github.com/replayd/replayd/storage"
 )
 
 // bus wakes every notifyingStore sharing it when one of them appends: an
@@ -176,7 +177,7 @@ type gatedStore struct {
 	once    sync.Once
 }
 
-func (s *gatedStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
+func (s *gatedStore) Read(ctx context.Context, req storage.ReadRequest) (storage.Page, error) {
 	select {
 	case <-s.armed:
 		if len(req.Scope) == 0 {
@@ -222,11 +223,12 @@ func TestCatchUpReadsWithoutTheDeliveryLock(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("the tail never read")
 	}
-	if !ha.live.mu.TryLock() {
+	release, ok := ha.live.TryHoldDispatch()
+	if !ok {
 		close(gs.gate)
 		t.Fatal("the delivery lock is held during the catch-up's read")
 	}
-	ha.live.mu.Unlock()
+	release()
 	close(gs.gate)
 	wiretest.WaitUntil(t, "b's rows delivered on a", func() bool { return len(got()) == 3 })
 	if g := got(); len(g) != 3 || g[0] != want[0] || g[2] != want[2] {

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/internal/wiretest"
+	"github.com/replayd/replayd/storage"
 )
 
 // recordSubscriber records what a SubscribeWithGaps subscriber of h is
@@ -140,9 +142,9 @@ type faultyStore struct {
 	failReads atomic.Bool
 }
 
-func (s *faultyStore) Read(ctx context.Context, req ReadRequest) (Page, error) {
+func (s *faultyStore) Read(ctx context.Context, req storage.ReadRequest) (storage.Page, error) {
 	if len(req.Scope) == 0 && s.failReads.Load() {
-		return Page{}, errors.New("injected read failure")
+		return storage.Page{}, errors.New("injected read failure")
 	}
 	return s.Store.Read(ctx, req)
 }
@@ -175,4 +177,18 @@ func TestSubscribeGapWhenRowsUnreadable(t *testing.T) {
 		t.Fatalf("subscriber got %q, want %q", got, want)
 	}
 	c.Ended("connected before the unreadable rows")
+}
+
+// The root's Gap is internal/live's, converted: the reasons must agree.
+func TestGapReasonsAreLiveDeliverys(t *testing.T) {
+	for _, c := range [][2]string{
+		{GapPruned, live.GapPruned},
+		{GapUnreadable, live.GapUnreadable},
+		{GapUnknownCursor, live.GapUnknownCursor},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("root reason %q, internal/live's %q", c[0], c[1])
+		}
+	}
+	_ = Gap(live.Gap{}) // the conversion SubscribeWithGaps makes
 }

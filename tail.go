@@ -4,6 +4,10 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/replayd/replayd/storage"
+
+	"github.com/replayd/replayd/internal/live"
 )
 
 // TailOptions tunes StartTail.
@@ -71,7 +75,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 	delay, errDelay := time.Duration(0), interval
 	timer := time.NewTimer(delay)
 	defer timer.Stop()
-	notifier, _ := h.store.(Notifier)
+	notifier, _ := h.store.(storage.Notifier)
 	failing := false
 	for {
 		if notifier != nil && delay > 0 && !failing {
@@ -89,7 +93,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 		if ctx.Err() != nil {
 			return
 		}
-		n, err := h.poll(ctx)
+		n, err := h.tailOnce(ctx)
 		failing = err != nil
 		h.metrics.tailPolled()
 		switch {
@@ -99,7 +103,7 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 			}
 			h.logger.Warn("replayd: tail poll failed; retrying", "in", errDelay, "err", err)
 			delay, errDelay = errDelay, min(2*errDelay, errCeiling)
-		case n >= catchUpPage:
+		case n >= live.CatchUpPage:
 			delay, errDelay = 0, interval // a full page: more is waiting
 		case n > 0 || maxInterval <= 0:
 			delay, errDelay = interval, interval
@@ -114,23 +118,23 @@ func (h *EventHub) tail(ctx context.Context, interval, maxInterval time.Duration
 // position. An error of n's other than d passing (a store closed, a lost
 // listener) is waited out until d has passed, so it never makes the tail
 // spin.
-func (h *EventHub) waitForAppend(ctx context.Context, n Notifier, d time.Duration) {
+func (h *EventHub) waitForAppend(ctx context.Context, n storage.Notifier, d time.Duration) {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	if err := n.WaitForAppend(wctx, h.live.position()); err != nil && wctx.Err() == nil {
+	if err := n.WaitForAppend(wctx, h.live.Position()); err != nil && wctx.Err() == nil {
 		<-wctx.Done()
 	}
 }
 
-// poll delivers rows above the live position, a page at most, through
-// live delivery's one path (deliver), and reports how many it read. When
-// nothing new is committed it reads only the head.
-func (h *EventHub) poll(ctx context.Context) (int, error) {
+// tailOnce delivers rows above the live position, a page at most, through
+// live delivery's one path (live.Hub.Deliver), and reports how many it
+// read. When nothing new is committed it reads only the head.
+func (h *EventHub) tailOnce(ctx context.Context) (int, error) {
 	head, err := h.store.Head(ctx)
 	if err != nil {
 		return 0, err
 	}
-	n, newest, err := h.deliver(head, nil, true)
+	n, newest, err := h.live.Deliver(head, nil, true)
 	switch {
 	case err != nil:
 	case !newest.IsZero():

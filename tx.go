@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replayd/replayd/internal/event"
+	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -63,7 +65,7 @@ const txWatchMax = 100 * time.Millisecond
 // waits until it ends. Keep it short, and never call Publish inside fn
 // (it would wait for fn's own transaction, until the busy timeout fails it).
 // ctx bounds the whole transaction: once it ends, database/sql rolls it
-// back. A hub over a store that is not a [TxAppender] (PostgreSQL:
+// back. A hub over a store that is not a [storage.TxAppender] (PostgreSQL:
 // use replaydpg's Store.PublishSQLTx) returns an error wrapping
 // errors.ErrUnsupported.
 func (h *EventHub) InTx(ctx context.Context, fn func(tx *sql.Tx) error) (err error) {
@@ -139,11 +141,11 @@ func (h *EventHub) PublishTx(ctx context.Context, tx *sql.Tx, topic string, payl
 	if err != nil {
 		return Event{}, err
 	}
-	po := publishOptions{eventType: h.opts.DefaultType}
+	po := event.Options{Type: h.opts.DefaultType}
 	for _, o := range opts {
 		o(&po)
 	}
-	ev, err := prepareEvent(topic, payload, po)
+	ev, err := event.Prepare(topic, payload, po)
 	if err != nil {
 		return Event{}, err
 	}
@@ -199,11 +201,11 @@ func (h *EventHub) deliverCommitted(evs []Event) {
 	}
 	for i := 1; i < n; i++ {
 		if evs[i].Sequence != evs[i-1].Sequence+1 {
-			h.deliver(evs[n-1].Sequence, nil, false)
+			h.live.Deliver(evs[n-1].Sequence, nil, false)
 			return
 		}
 	}
-	h.deliver(evs[0].Sequence-1, evs, false)
+	h.live.Deliver(evs[0].Sequence-1, evs, false)
 }
 
 // watchCommit makes the watch look for rows up to seq, published in tx, a
@@ -284,15 +286,15 @@ func (h *EventHub) watchLoop() {
 		ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 		head, err := h.store.Head(ctx)
 		cancel()
-		if err == nil && head > h.live.position() {
+		if err == nil && head > h.live.Position() {
 			for {
-				n, _, err := h.deliver(head, nil, true)
-				if err != nil || n < catchUpPage {
+				n, _, err := h.live.Deliver(head, nil, true)
+				if err != nil || n < live.CatchUpPage {
 					break
 				}
 			}
 		}
-		pos := h.live.position()
+		pos := h.live.Position()
 		t.mu.Lock()
 		for _, tx := range ended {
 			delete(t.open, tx)

@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/replayd/replayd/internal/event"
 )
 
 // The writer: Publish and PublishBatch hand their events to one writer
 // goroutine through a queue (pubqueue.go), which commits what is waiting
 // in one transaction (group commit), delivers it live and answers each
-// caller; a lone Publish over the SQLite store commits on its own
-// goroutine instead (commitAlone). docs/design.md, Publishing, says why.
+// caller; a lone Publish over a store whose Append returns with its ctx
+// (storage.PromptAppender: the SQLite store) commits on its own goroutine
+// instead (commitAlone). docs/design.md, Publishing, says why.
 
 // publishReq is one event handed to the writer, and where its answer goes.
 type publishReq struct {
@@ -77,8 +80,8 @@ func (h *EventHub) commitAlone(ctx context.Context, req *publishReq, start time.
 }
 
 // publishReq validates one publish and makes its request for the writer.
-func (h *EventHub) publishReq(topic string, payload any, po publishOptions) (*publishReq, error) {
-	ev, err := prepareEvent(topic, payload, po)
+func (h *EventHub) publishReq(topic string, payload any, po event.Options) (*publishReq, error) {
+	ev, err := event.Prepare(topic, payload, po)
 	if err != nil {
 		return nil, err
 	}
@@ -267,12 +270,12 @@ func (h *EventHub) commit(ctx context.Context, batch []*publishReq) {
 		// Another process may have committed rows between them: deliver
 		// each after what lies below it.
 		for _, ev := range fresh {
-			h.deliver(ev.Sequence-1, []Event{ev}, false)
+			h.live.Deliver(ev.Sequence-1, []Event{ev}, false)
 		}
 	case len(fresh) > 0:
 		// One atomic batch: sequence order being visibility order, no
 		// other row lies between its rows.
-		h.deliver(fresh[0].Sequence-1, fresh, false)
+		h.live.Deliver(fresh[0].Sequence-1, fresh, false)
 	}
 	for i, r := range batch {
 		if res[i].Err != nil {

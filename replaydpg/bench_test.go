@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/storage"
 )
 
 // The benchmarks compare Append, and the hub publishing through it, with
@@ -531,7 +532,7 @@ func BenchmarkHubPublish64(b *testing.B) {
 // BenchmarkPairedAppendPaths compares, in interleaved rounds of 2,000
 // events, 64 publishers on a hub whose store takes the usual path
 // (qAppendNew: every event taken for new, one row back) with a hub whose
-// store looks every event id up (qAppend, the path a batch holding a
+// store looks every event id up (qAppendDedup, the path a batch holding a
 // stored id takes, and the only one before). b.N counts rounds.
 func BenchmarkPairedAppendPaths(b *testing.B) {
 	fast, csFast := benchNode(b, testPrefix(b))
@@ -686,7 +687,7 @@ func BenchmarkReadPages(b *testing.B) {
 				for b.Loop() {
 					before := received.Load()
 					for after := int64(0); ; {
-						p, err := s.Read(context.Background(), replayd.ReadRequest{Scope: scope, After: after, Limit: 64, MaxBytes: 64 << 10})
+						p, err := s.Read(context.Background(), storage.ReadRequest{Scope: scope, After: after, Limit: 64, MaxBytes: 64 << 10})
 						if err != nil {
 							b.Fatal(err)
 						}
@@ -736,7 +737,7 @@ func BenchmarkForeignLookup(b *testing.B) {
 	read := func(q string) time.Duration {
 		s.q.headForeign = q
 		start := time.Now()
-		p, err := s.Read(ctx, replayd.ReadRequest{Scope: []string{"a"}, After: cursor, Limit: 10})
+		p, err := s.Read(ctx, storage.ReadRequest{Scope: []string{"a"}, After: cursor, Limit: 10})
 		if err != nil || len(p.Events) != 10 || p.Foreign {
 			b.Fatalf("read: %d events, foreign %v, %v", len(p.Events), p.Foreign, err)
 		}

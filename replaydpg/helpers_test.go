@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/testenv"
+	"github.com/replayd/replayd/storage"
 	"go.uber.org/goleak"
 )
 
@@ -215,6 +216,6 @@ func childServe(hub *replayd.EventHub) (say func(format string, args ...any), er
 // readAfter returns up to limit events of every topic above after,
 // ascending, through the contract's Read: the rows a live hub catches up on.
 func readAfter(ctx context.Context, s *Store, after int64, limit int) ([]replayd.Event, error) {
-	p, err := s.Read(ctx, replayd.ReadRequest{After: after, Limit: limit})
+	p, err := s.Read(ctx, storage.ReadRequest{After: after, Limit: limit})
 	return p.Events, err
 }

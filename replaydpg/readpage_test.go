@@ -14,6 +14,7 @@ import (
 
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/sseparse"
+	"github.com/replayd/replayd/storage"
 )
 
 // hexPayload is n bytes of random hex: text that PostgreSQL cannot
@@ -59,7 +60,7 @@ func TestReadReceivesOnlyThePage(t *testing.T) {
 		)
 		for {
 			before := received.Load()
-			p, err := s.Read(ctx, replayd.ReadRequest{Scope: scope, After: after, Limit: 64, MaxBytes: 64 << 10})
+			p, err := s.Read(ctx, storage.ReadRequest{Scope: scope, After: after, Limit: 64, MaxBytes: 64 << 10})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -180,7 +181,7 @@ func TestReadPagesModel(t *testing.T) {
 				scope = append(scope, topic)
 			}
 		}
-		req := replayd.ReadRequest{
+		req := storage.ReadRequest{
 			Scope:    scope,
 			After:    base + rng.Int64N(head-base+2),
 			Limit:    rng.IntN(12) - 1,
@@ -229,11 +230,11 @@ func TestReadPagesModel(t *testing.T) {
 	}
 	// MaxBytes past what any sum of payloads reaches, and Through past
 	// the head, are no bound.
-	p, err := s.Read(ctx, replayd.ReadRequest{Limit: 1000, MaxBytes: math.MaxInt, Through: 1<<63 - 1})
+	p, err := s.Read(ctx, storage.ReadRequest{Limit: 1000, MaxBytes: math.MaxInt, Through: 1<<63 - 1})
 	if err != nil || len(p.Events) != len(all) || p.More {
 		t.Fatalf("Read of everything: %d events, More %v, %v", len(p.Events), p.More, err)
 	}
-	if _, err := s.Read(ctx, replayd.ReadRequest{Scope: []string{""}}); !errors.Is(err, replayd.ErrInvalid) {
+	if _, err := s.Read(ctx, storage.ReadRequest{Scope: []string{""}}); !errors.Is(err, replayd.ErrInvalid) {
 		t.Fatalf("Read of an empty topic: %v, want ErrInvalid", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/storage"
 )
 
 func TestAppend(t *testing.T) {
@@ -200,7 +201,7 @@ func readHandshake(ctx context.Context, s *Store, topics []string, cursor int64,
 	}
 	hs := handshake{Head: w.Head, Watermark: w.Watermark, SkippedCount: w.Skipped.Count, SkippedFirst: w.Skipped.First, SkippedLast: w.Skipped.Last}
 	if w.From <= w.Head {
-		p, err := s.Read(ctx, replayd.ReadRequest{Scope: topics, After: max(cursor, w.From-1), Through: w.Head, Limit: max(limit, 1)})
+		p, err := s.Read(ctx, storage.ReadRequest{Scope: topics, After: max(cursor, w.From-1), Through: w.Head, Limit: max(limit, 1)})
 		if err != nil {
 			return hs, err
 		}
@@ -308,7 +309,7 @@ func TestHandshakeAndPollMatchModel(t *testing.T) {
 				if cursor < 0 || limit == 0 {
 					continue
 				}
-				pp, err := s.Read(ctx, replayd.ReadRequest{Scope: topics, After: cursor, Limit: limit})
+				pp, err := s.Read(ctx, storage.ReadRequest{Scope: topics, After: cursor, Limit: limit})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -351,7 +352,7 @@ func TestPrune(t *testing.T) {
 	if got, want := watermarks(t, prefix), map[string]int64{"a": b + 1498, "b": b + 1499, "": b + 1500}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("watermarks %v, want %v", got, want)
 	}
-	if p, err := s.Read(ctx, replayd.ReadRequest{After: b + 2500}); err != nil || p.Watermark != b+1500 {
+	if p, err := s.Read(ctx, storage.ReadRequest{After: b + 2500}); err != nil || p.Watermark != b+1500 {
 		t.Fatalf("the global watermark = %d, %v; want 1500", p.Watermark, err)
 	}
 	if n, err := s.Prune(ctx, replayd.RetentionPolicy{MaxEvents: 1000}); err != nil || n != 0 {

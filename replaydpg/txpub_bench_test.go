@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/event"
 )
 
 // BenchmarkPublishTxPaired: what publishing one event adds to an
@@ -60,7 +61,7 @@ func BenchmarkPublishTxPaired(b *testing.B) {
 		return time.Since(t0)
 	}
 	plain := func(tx pgx.Tx) error {
-		ev, err := replayd.PrepareEvent("orders", payload)
+		ev, err := event.Prepare("orders", payload, event.Options{Type: event.DefaultType})
 		if err != nil {
 			return err
 		}
@@ -243,7 +244,7 @@ func BenchmarkPublishTxConcurrent(b *testing.B) {
 						_, err := s.PublishTx(ctx, tx, "orders", payload)
 						return err
 					}
-					ev, err := replayd.PrepareEvent("orders", payload)
+					ev, err := event.Prepare("orders", payload, event.Options{Type: event.DefaultType})
 					if err != nil {
 						return err
 					}

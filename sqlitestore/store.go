@@ -158,6 +158,11 @@ func (l *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.Appe
 	return res, nil
 }
 
+// AppendsPromptly reports true (storage.PromptAppender): Append waits for
+// writeMu and for SQLite's write lock watching ctx (lockCtx, retryBusy),
+// and looks at ctx before each row.
+func (l *Store) AppendsPromptly() bool { return true }
+
 // Head reads the head from sqlite_sequence: one indexed row. A tailing hub
 // calls it every poll, so it also looks at the database file (at most once
 // per fileCheckInterval) and logs a deleted or replaced one, which appends
