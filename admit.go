@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // Request admission (PROTOCOL.md, "Status codes"). Every SSE request, and every poll request,
@@ -15,6 +16,46 @@ import (
 // Allow header differs), the origin, the topics, the connection cap, then
 // Options.Authorize. A refusal is answered at once and counted under its
 // reason; nothing is read from the log and nothing is subscribed.
+
+// admitStream is an SSE request's admission step: the method check, then
+// admit's. It returns the stream admitted, holding its connection slot, or
+// nil if the request was answered: refused, a preflight (OPTIONS), or a
+// HEAD, which gets a stream's headers and nothing more. It is kept out of
+// line, so that its frame is not in an idle stream's stack (see
+// sseHandler.ServeHTTP).
+//
+//go:noinline
+func (h *EventHub) admitStream(w http.ResponseWriter, r *http.Request) *sseStream {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+	case http.MethodOptions:
+		h.preflight(w, r, "GET, HEAD, OPTIONS")
+		return nil
+	default:
+		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return nil
+	}
+	query, topics, release, ok := h.admit(w, r, transportSSE)
+	if !ok {
+		return nil
+	}
+	rawCursor := r.Header.Get("Last-Event-ID")
+	if rawCursor == "" {
+		rawCursor = query.Get("lastEventId")
+	}
+	setStreamHeaders(w)
+	if r.Method == http.MethodHead {
+		w.WriteHeader(http.StatusOK)
+		release()
+		return nil
+	}
+	c := &sseStream{h: h, w: w, ctx: r.Context(), topics: topics, rawCursor: rawCursor, remote: r.RemoteAddr, release: release}
+	if len(topics) == 1 {
+		c.topic = topics[0]
+	}
+	return c
+}
 
 // admit runs the checks that follow the method check for a request of the
 // given transport. On success it returns the parsed query, the scope's
@@ -66,6 +107,52 @@ func (h *EventHub) admit(w http.ResponseWriter, r *http.Request, transport strin
 		return nil, nil, nil, false
 	}
 	return query, topics, release, true
+}
+
+// allowOrigin applies the origin policy of SSEOptions.AllowedOrigins, setting the CORS response
+// headers of an allowed cross-origin request.
+func (h *EventHub) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	allowed := h.opts.SSE.AllowedOrigins
+	switch {
+	case len(allowed) == 0:
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		return origin == "" || strings.EqualFold(origin, scheme+"://"+r.Host)
+	case slices.Contains(allowed, "*"):
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		return true
+	}
+	w.Header().Add("Vary", "Origin")
+	if origin == "" {
+		return true
+	}
+	for _, a := range allowed {
+		if strings.EqualFold(a, origin) {
+			w.Header().Set("Access-Control-Allow-Origin", origin)
+			return true
+		}
+	}
+	return false
+}
+
+// preflight answers OPTIONS: a CORS preflight from an allowed origin gets
+// 204 allowing GET with Last-Event-ID and Cache-Control; any other origin
+// 403. An OPTIONS without Origin is not a preflight and just lists methods.
+func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	if r.Header.Get("Origin") != "" {
+		if !h.allowOrigin(w, r) {
+			http.Error(w, "origin not allowed", http.StatusForbidden)
+			return
+		}
+		w.Header().Set("Access-Control-Allow-Methods", "GET")
+		w.Header().Set("Access-Control-Allow-Headers", "Last-Event-ID, Cache-Control")
+		w.Header().Set("Access-Control-Max-Age", "600")
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // authorize asks Options.Authorize, if set, about the scope. It gets a copy

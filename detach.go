@@ -22,120 +22,81 @@ import (
 // connWriter, a ResponseWriter over the bare connection, so the stream's
 // queue, deadline and kill logic are the same on both paths.
 
-// startStream starts an admitted stream request: on w, returned ready for
-// its live phase on the handler's goroutine (nil if it ended), or,
-// detached, on w's connection from a goroutine of its own once w's handler
-// returned (nil). HTTP/2, a ResponseWriter that cannot flush (openStream
-// refuses it) or cannot hijack, and a closed hub are served on w.
-// *release frees the request's admission (its MaxConnections slot): a
-// stream that goes on takes it over, calling it when the stream ends, and
-// leaves a no-op in its place for the handler's return.
-func (h *EventHub) startStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string, release *func()) *liveStream {
-	if !h.opts.SSE.DetachConnections || r.ProtoMajor != 1 || !canFlush(w) {
-		return h.openAttached(w, r, topics, rawCursor, release)
+// detach is a stream's detach step (SSEOptions.DetachConnections): it
+// takes the stream's HTTP/1.1 connection off net/http and starts
+// serveDetached, which runs the stream's remaining steps on a goroutine of
+// its own once the handler returned. false leaves the stream on its
+// handler: HTTP/2, a ResponseWriter that cannot flush (open refuses it) or
+// cannot hijack, and a closed hub (open refuses it too) are served there.
+//
+//go:noinline
+func (c *sseStream) detach(r *http.Request) bool {
+	h := c.h
+	if !h.opts.SSE.DetachConnections || r.ProtoMajor != 1 || !canFlush(c.w) {
+		return false
 	}
 	// Close waits for the goroutine below as for any stream.
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		h.openStream(w, r, topics, rawCursor) // refuses: shutting down
-		return nil
+		return false
 	}
 	h.wg.Add(1)
 	h.mu.Unlock()
-	conn, _, err := http.NewResponseController(w).Hijack()
+	conn, _, err := http.NewResponseController(c.w).Hijack()
 	if err != nil {
 		h.wg.Done()
-		return h.openAttached(w, r, topics, rawCursor, release)
+		return false
 	}
 	// The bufio.ReadWriter is dropped: nothing more is read from the
 	// connection (the response ends with it), and its buffers go with the
 	// rest of net/http's per-connection state.
-	cw := newConnWriter(conn, w.Header())
+	cw := newConnWriter(conn, c.w.Header())
 	// The request's context ends when this handler returns; the stream's
-	// ends with the stream. Its values are kept. So is the request, but
-	// for its headers: they were read at admission, and a browser's
-	// (cookies included) can weigh more than the rest of the stream.
+	// ends with the stream (end cancels it). Its values are kept. The
+	// request is not: what the stream needs of it was read at admission,
+	// and a browser's headers (cookies included) can weigh more than the
+	// rest of the stream. A revocation the request carries is watched
+	// from open on (watchRevocation).
 	ctx := newStreamCtx(r.Context())
-	cancel := ctx.cancel
-	// So does a revocation the request carries (WithRevocation), watched
-	// until the stream ends.
-	end := cancel
-	if len(revocations(r.Context())) > 0 {
-		unrevoke := onRevoked(r.Context(), cancel)
-		end = func() {
-			unrevoke()
-			cancel()
-		}
-	}
-	r = &http.Request{
-		Method: r.Method, URL: r.URL, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
-		Host: r.Host, RemoteAddr: r.RemoteAddr, RequestURI: r.RequestURI, TLS: r.TLS,
-		Header: http.Header{}, Body: http.NoBody,
-	}
-	r = r.WithContext(ctx)
 	// The client's leaving cancels it, as net/http's background read does
 	// (Linux); elsewhere the stream sees it at its next write.
 	if cw.raw != nil {
-		if unwatch, ok := watchDeparture(cw.raw, cancel); ok {
+		if unwatch, ok := watchDeparture(cw.raw, ctx.cancel); ok {
 			cw.unwatch, cw.checkAtWrite = unwatch, false
 		}
 	}
-	cw.release, *release = *release, func() {}
+	c.w, c.cw, c.ctx, c.cancel = cw, cw, ctx, ctx.cancel
 	if testHookDetached != nil {
 		testHookDetached()
 	}
-	go h.serveDetached(cw, r, topics, rawCursor, end)
-	return nil
+	go c.serveDetached()
+	return true
 }
 
-// openAttached opens a stream on w, in its handler: it ends with the
-// request's context, or once a revocation the request carries is done. It
-// returns the stream ready for its live phase, holding *release (see
-// startStream), or nil if it ended.
-func (h *EventHub) openAttached(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string, release *func()) *liveStream {
-	r, unrevoke := revocable(r)
-	var l *liveStream
-	defer func() {
-		if l == nil {
-			unrevoke()
-		}
-	}()
-	if l = h.openStream(w, r, topics, rawCursor); l != nil {
-		l.unrevoke, l.release, *release = unrevoke, *release, func() {}
-	}
-	return l
-}
-
-// endAttached ends a stream served in its handler, once its live phase is
-// over.
-func (l *liveStream) endAttached() {
-	l.finish()
-	l.unrevoke()
-	l.release()
-}
-
-// serveDetached runs a detached stream on a goroutine of its own: its
-// handshake and replay in openStream, then its live phase, waiting in
-// liveLoop called from here, so that an idle stream's stack holds only this
-// frame, liveLoop's and a channel receive's: it settles at 4 KiB (8 KiB with
-// the loop under serveStream's frame, as before).
-func (h *EventHub) serveDetached(cw *connWriter, r *http.Request, topics []string, rawCursor string, end func()) {
-	defer func() { h.endDetached(cw, r.RemoteAddr, end, recover()) }()
-	if l := h.openStream(cw, r, topics, rawCursor); l != nil {
-		defer l.finish()
-		l.liveLoop()
+// serveDetached is a detached stream's goroutine: it runs the steps that
+// follow detach as sseHandler.ServeHTTP does on a handler (open, live,
+// end), waiting in liveLoop called from here, so that an idle stream's
+// stack holds only this frame, liveLoop's and a channel receive's: it
+// settles at 4 KiB (8 KiB when the loop ran under the frame that opened
+// the stream, as it once did). A panic (a HeartbeatData function's, say)
+// ends only this stream, logged by end (closeDetached), as net/http does
+// for a handler's.
+func (c *sseStream) serveDetached() {
+	defer func() { c.end(recover()) }()
+	if c.open() {
+		c.liveLoop()
 	}
 }
 
-// endDetached closes a detached stream's connection and frees its
-// admission. A panic (a HeartbeatData function's, say), p if not nil, ends
-// only this stream, logged, as net/http does for a handler's.
-func (h *EventHub) endDetached(cw *connWriter, remote string, end func(), p any) {
+// closeDetached closes a detached stream's connection, at its end. A panic
+// p that ended the stream, if not nil, is logged.
+func (c *sseStream) closeDetached(p any) {
+	cw := c.cw
 	if p != nil {
 		buf := make([]byte, 64<<10)
 		buf = buf[:runtime.Stack(buf, false)]
-		h.logger.Error("replayd: panic serving a detached stream", "remote", remote, "panic", fmt.Sprint(p), "stack", string(buf))
+		c.h.logger.Error("replayd: panic serving a detached stream", "remote", c.remote, "panic", fmt.Sprint(p), "stack", string(buf))
 	} else if !cw.head {
 		// It ended before its first write (its client left during the
 		// handshake; a revoked one writes why): the head still goes, as
@@ -146,9 +107,6 @@ func (h *EventHub) endDetached(cw *connWriter, remote string, end func(), p any)
 		_ = cw.FlushError()
 	}
 	cw.close()
-	end()
-	cw.release()
-	h.wg.Done()
 }
 
 // testHookDetached, if set, is called for each stream that detaches.
@@ -161,13 +119,12 @@ var testHookDetached func()
 // per write. Writes go to the socket at once; there is no buffer to flush.
 //
 // It is used by one goroutine, except SetWriteDeadline, which the stream's
-// kill calls from any goroutine (net.Conn allows that).
+// Kill (live.Stream) calls from any goroutine (net.Conn allows that).
 type connWriter struct {
 	conn         net.Conn
 	raw          syscall.RawConn // the socket under conn; nil if unknown
 	checkAtWrite bool            // look for the client's end before a write after a silence
 	unwatch      func()          // ends the departure watch; nil: none
-	release      func()          // frees the request's admission, once the stream ended
 	header       http.Header     // until the head is written
 	status       int
 	head         bool      // the status line and headers were written

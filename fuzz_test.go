@@ -132,7 +132,7 @@ func FuzzFrameEncoding(f *testing.F) {
 		prefix := []byte("retry: 10\n\n")
 		b := live.AppendEventFrame(append([]byte(nil), prefix...), ev)
 		if !bytes.HasPrefix(b, prefix) {
-			t.Fatalf("appendEventFrame changed the bytes before it")
+			t.Fatalf("live.AppendEventFrame changed the bytes before it")
 		}
 		if bytes.IndexByte(b, '\r') >= 0 {
 			t.Fatalf("frame holds a CR: %q", b)

@@ -1,9 +1,6 @@
 package replayd
 
-import (
-	"context"
-	"net/http"
-)
+import "context"
 
 // Revocation (docs/authorization.md in the repository). A request's own context is no
 // handle on a stream's access: a detached stream outlives it
@@ -105,19 +102,19 @@ func isRevoked(ctx context.Context) bool {
 	return false
 }
 
-// revocable returns r with a context that also ends when a revocation
-// context r carries is done, and the function that releases it once the
-// stream ended; r itself, and a no-op, without revocations.
-func revocable(r *http.Request) (*http.Request, func()) {
-	if len(revocations(r.Context())) == 0 {
-		return r, func() {}
+// watchRevocation is a stream's revocation step: once a revocation
+// context its request carries is done, the stream's context ends. A stream
+// on its handler gets a context of its own for that; a detached one has one
+// already (detach). end stops the watch. Without revocations it does
+// nothing.
+func (c *sseStream) watchRevocation() {
+	if len(revocations(c.ctx)) == 0 {
+		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	stop := onRevoked(ctx, cancel)
-	return r.WithContext(ctx), func() {
-		stop()
-		cancel()
+	if c.cancel == nil {
+		c.ctx, c.cancel = context.WithCancel(c.ctx)
 	}
+	c.unrevoke = onRevoked(c.ctx, c.cancel)
 }
 
 // revokedChan returns a channel closed once a revocation context ctx

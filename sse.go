@@ -3,16 +3,11 @@ package replayd
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/replayd/replayd/storage"
 
 	"github.com/replayd/replayd/internal/live"
 )
@@ -20,135 +15,78 @@ import (
 // sseHandler is the hub's SSE endpoint.
 type sseHandler EventHub
 
-func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// A stream served on this goroutine sits in liveLoop called from here,
-	// so its idle stack holds only net/http's frames, this one and
-	// liveLoop's (see openStream).
-	if l := (*EventHub)(sh).startSSE(w, r); l != nil {
-		defer l.endAttached()
-		l.liveLoop()
-	}
-}
-
-// startSSE admits and starts a stream request. It returns the stream if
-// it is to be served on this goroutine (see startStream), nil if it ended
-// or was detached.
+// ServeHTTP is an SSE stream's one entry. Its steps, in order, each a
+// function of one job:
 //
-//go:noinline
-func (h *EventHub) startSSE(w http.ResponseWriter, r *http.Request) *liveStream {
-	switch r.Method {
-	case http.MethodGet, http.MethodHead:
-	case http.MethodOptions:
-		h.preflight(w, r, "GET, HEAD, OPTIONS")
-		return nil
-	default:
-		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return nil
+//  1. admit (admitStream, admit.go): the method, the origin, the query and
+//     its topics, a connection slot, Authorize. A refusal is answered
+//     there, and so are a preflight and a HEAD.
+//  2. detach (detach.go), with SSEOptions.DetachConnections: the
+//     connection is taken off net/http, and serveDetached runs the steps
+//     below on a goroutine of its own once this handler returned.
+//  3. open: refuse a stream that cannot be served, watch for its
+//     revocation (watchRevocation, revoke.go), subscribe it, read its
+//     handshake and write its hello, its gap and its replay (replay.go).
+//  4. live (liveLoop): live events and heartbeats, until the client, the
+//     hub, a write or a revocation ends the stream.
+//  5. end: what the steps before did is undone, last first.
+//
+// A stream served on this goroutine sits in liveLoop called from here, so
+// its idle stack holds only net/http's frames, this one and liveLoop's;
+// the steps before it are kept out of line (see open).
+func (sh *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c := (*EventHub)(sh).admitStream(w, r)
+	if c == nil {
+		return
 	}
-	query, topics, release, ok := h.admit(w, r, transportSSE)
-	if !ok {
-		return nil
+	if c.detach(r) {
+		return // serveDetached has it
 	}
-	defer func() { release() }() // a stream that goes on takes it over (startStream)
-	rawCursor := r.Header.Get("Last-Event-ID")
-	if rawCursor == "" {
-		rawCursor = query.Get("lastEventId")
+	defer c.end(nil) // a panic goes on up to net/http, which logs it
+	if c.open() {
+		c.liveLoop()
 	}
-	setStreamHeaders(w)
-	if r.Method == http.MethodHead {
-		w.WriteHeader(http.StatusOK)
-		return nil
-	}
-	return h.startStream(w, r, topics, rawCursor, &release)
 }
 
-// setStreamHeaders sets the headers of an SSE response (PROTOCOL.md, "Response").
-func setStreamHeaders(w http.ResponseWriter) {
-	hdr := w.Header()
-	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
-	hdr.Set("Cache-Control", "no-cache, no-transform")
-	hdr.Set("X-Accel-Buffering", "no")
-}
+// sseStream is one SSE stream from its admission to its end: what its
+// steps need, and what its end must undo. It is used by the stream's
+// goroutine alone (its handler's, or serveDetached).
+type sseStream struct {
+	h         *EventHub
+	w         http.ResponseWriter
+	ctx       context.Context // ends with the stream: the request's, or one of its own (detach, watchRevocation)
+	topics    []string
+	topic     string // the single topic, for HeartbeatData; "" if none
+	rawCursor string // Last-Event-ID, or the lastEventId parameter; "" if none
+	remote    string // the client's address, for logs
 
-// allowOrigin applies the origin policy of SSEOptions.AllowedOrigins, setting the CORS response
-// headers of an allowed cross-origin request.
-func (h *EventHub) allowOrigin(w http.ResponseWriter, r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	allowed := h.opts.SSE.AllowedOrigins
-	switch {
-	case len(allowed) == 0:
-		scheme := "http"
-		if r.TLS != nil {
-			scheme = "https"
-		}
-		return origin == "" || strings.EqualFold(origin, scheme+"://"+r.Host)
-	case slices.Contains(allowed, "*"):
-		w.Header().Set("Access-Control-Allow-Origin", "*")
-		return true
-	}
-	w.Header().Add("Vary", "Origin")
-	if origin == "" {
-		return true
-	}
-	for _, a := range allowed {
-		if strings.EqualFold(a, origin) {
-			w.Header().Set("Access-Control-Allow-Origin", origin)
-			return true
-		}
-	}
-	return false
-}
+	// What end undoes, each set by the step that did it.
+	release  func()       // frees the admission's MaxConnections slot (admitStream)
+	cw       *connWriter  // the connection taken off net/http (detach); nil on a handler
+	cancel   func()       // ends ctx (detach, watchRevocation); nil while ctx is the request's
+	unrevoke func()       // ends the revocation watch (watchRevocation); nil if none
+	s        *live.Stream // the live queue, once subscribed (subscribe); nil before
 
-// preflight answers OPTIONS: a CORS preflight from an allowed origin gets
-// 204 allowing GET with Last-Event-ID and Cache-Control; any other origin
-// 403. An OPTIONS without Origin is not a preflight and just lists methods.
-func (h *EventHub) preflight(w http.ResponseWriter, r *http.Request, allow string) {
-	w.Header().Set("Allow", allow)
-	if r.Header.Get("Origin") != "" {
-		if !h.allowOrigin(w, r) {
-			http.Error(w, "origin not allowed", http.StatusForbidden)
-			return
-		}
-		w.Header().Set("Access-Control-Allow-Methods", "GET")
-		w.Header().Set("Access-Control-Allow-Headers", "Last-Event-ID, Cache-Control")
-		w.Header().Set("Access-Control-Max-Age", "600")
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// liveStream is a stream past its hello and replay: what its live phase
-// needs, and what its end must undo.
-type liveStream struct {
-	h      *EventHub
-	s      *live.Stream
-	w      http.ResponseWriter
-	ctx    context.Context
-	topics []string
-	topic  string // the single topic, for HeartbeatData; "" if none
-	remote string // the client's address, for logs
-	floor  int64  // the last sequence written; the queue may repeat some at or below it
-
+	// The live phase.
+	floor   int64       // the last sequence written; the queue may repeat some at or below it
 	hb      *time.Timer // the heartbeat timer; nil without heartbeats
 	beatDue atomic.Bool // hb fired
 	stopCtx func() bool // stops the wake-up at the context's end
-
-	// A stream served in its handler's: ends its revocation watch; frees
-	// its admission.
-	unrevoke, release func()
 }
 
-// openStream subscribes a new stream and writes its hello, its gap and its
-// replay. It returns the stream ready for its live phase, or nil if it
-// ended (its end undone already). Everything it needs on the stack is gone
-// once it returns: the runtime sizes a goroutine's stack by the deepest call
-// it made and halves it, at a collection, only down to what the goroutine
-// uses, so a stream that parks below openStream's frame would hold a stack
-// twice as large (measured through net/http: 16 KiB against 8 KiB a stream).
+// open is a stream's open step: it refuses a stream that cannot be served,
+// watches for its revocation, subscribes it, reads its handshake and
+// writes its hello, its gap and its replay. It reports whether the stream
+// goes live; if not, the stream was answered, and end undoes the rest.
+// Everything it needs on the stack is gone once it returns: the runtime
+// sizes a goroutine's stack by the deepest call it made and halves it, at
+// a collection, only down to what the goroutine uses, so a stream that
+// parks below open's frame would hold a stack twice as large (measured
+// through net/http: 16 KiB against 8 KiB a stream).
 //
 //go:noinline
-func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []string, rawCursor string) *liveStream {
-	o := &h.opts.SSE
+func (c *sseStream) open() bool {
+	h, w := c.h, c.w
 	if !canFlush(w) {
 		// Without flushing nothing reaches the client until the handler
 		// returns: a stream that can never work. Refused before anything
@@ -160,31 +98,52 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 		}
 		http.Error(w, "server misconfigured: the ResponseWriter has no Flush (nor Unwrap), so events cannot be streamed",
 			http.StatusInternalServerError)
-		return nil
+		return false
 	}
-	if isRevoked(r.Context()) {
+	if isRevoked(c.ctx) {
 		// Revoked before it was served: refused, as by Authorize, but in
 		// a way that makes an EventSource come back (see WithRevocation).
 		h.metrics.refused(refusedForbidden)
 		endEarly(w, "access revoked")
-		return nil
+		return false
 	}
-	s := live.NewStream(topics, http.NewResponseController(w), o.MaxBufferedBytes)
+	c.watchRevocation()
+	if !c.subscribe() {
+		return false
+	}
+	cursor, hs, g, ok := c.handshake()
+	if !ok || !c.writeHello(cursor, hs.Head, g) {
+		return false
+	}
+	replayed, ok := 0, true
+	if cursor < hs.Head {
+		replayed, ok = c.replay(hs)
+	}
+	h.metrics.replayed(transportSSE, replayed)
+	if !ok || isRevoked(c.ctx) {
+		return false
+	}
+	if h.testHookBeforeLive != nil {
+		h.testHookBeforeLive()
+	}
+	// Live. Everything at or below the head was replayed, named in the
+	// gap, or is invisible to this scope; the queue may repeat some of it.
+	c.floor = hs.Head
+	return true
+}
+
+// subscribe registers the stream with the hub, so that Close and a resync
+// can end it, and with live delivery; false if the hub is closed (the
+// stream was answered).
+func (c *sseStream) subscribe() bool {
+	h := c.h
+	s := live.NewStream(c.topics, http.NewResponseController(c.w), h.opts.SSE.MaxBufferedBytes)
 	if !h.addStream(s) {
-		endEarly(w, "server is shutting down")
-		return nil
+		endEarly(c.w, "server is shutting down")
+		return false
 	}
-	l := &liveStream{h: h, s: s, w: w, ctx: r.Context(), topics: topics, remote: r.RemoteAddr}
-	if len(topics) == 1 {
-		l.topic = topics[0]
-	}
-	isLive := false
-	defer func() {
-		if !isLive { // an early end, or a panic on its way up
-			l.finish()
-		}
-	}()
-	h.clients.opened(topics)
+	c.s = s // undone by finish
+	h.clients.opened(c.topics)
 	h.metrics.connOpened(transportSSE)
 
 	// Subscribe before reading the head: every row committed later is
@@ -193,51 +152,21 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 	if h.testHookAfterSubscribe != nil {
 		h.testHookAfterSubscribe()
 	}
+	return true
+}
 
-	cursor, valid := parseCursor(rawCursor)
-	readFrom := int64(-1) // fresh: read only the head
-	if rawCursor != "" && valid {
-		readFrom = cursor
-	}
-	ctx := r.Context()
-	// A revocation is checked before the log is read and again before the
-	// hello is written: its watch cancels ctx from another goroutine, and
-	// may not have yet.
-	if isRevoked(ctx) {
-		endEarly(w, "access revoked")
-		return nil
-	}
-	hs, err := h.readHandshake(ctx, topics, readFrom)
-	if isRevoked(ctx) {
-		endEarly(w, "access revoked")
-		return nil
-	}
-	if err != nil {
-		switch {
-		case errors.Is(err, ErrClosed):
-			endEarly(w, "server is shutting down")
-		case ctx.Err() == nil:
-			h.logger.Error("replayd: read the log for a new stream", "topics", topics, "remote", r.RemoteAddr, "err", err)
-			endEarly(w, "event log unavailable")
-		}
-		return nil
-	}
-	g := gapFor(rawCursor, cursor, valid, hs, o.ReplayLimit)
-	if g != nil {
-		h.metrics.gap(g.Reason)
-	}
-	if readFrom < 0 || cursor > hs.Head || hs.Foreign {
-		cursor = hs.Head // fresh, or treated as fresh
-	}
-
-	hi := hello{Topics: topics, Cursor: cursor, Head: hs.Head}
+// writeHello writes the stream's hello, after the retry delay if one is
+// set, and before the gap g if there is one; false if the stream must end.
+func (c *sseStream) writeHello(cursor, head int64, g *gap) bool {
+	o := &c.h.opts.SSE
+	hi := hello{Topics: c.topics, Cursor: cursor, Head: head}
 	if hi.Topics == nil {
 		hi.Topics = []string{}
 	}
-	if l.topic != "" {
-		hi.Topic = &l.topic
+	if c.topic != "" {
+		hi.Topic = &c.topic
 	}
-	if !s.Send(w, func(b []byte) []byte {
+	return c.s.Send(c.w, func(b []byte) []byte {
 		if o.Retry > 0 {
 			b = appendRetry(b, o.Retry.Milliseconds())
 		}
@@ -246,131 +175,100 @@ func (h *EventHub) openStream(w http.ResponseWriter, r *http.Request, topics []s
 			b = live.AppendFrame(b, o.GapEventType, mustJSON(g))
 		}
 		return b
-	}) {
-		return nil
-	}
-	replayed, ok := 0, true
-	if cursor < hs.Head {
-		replayed, ok = h.replay(ctx, w, s, topics, hs)
-	}
-	h.metrics.replayed(transportSSE, replayed)
-	if !ok || isRevoked(ctx) {
-		return nil
-	}
-	if h.testHookBeforeLive != nil {
-		h.testHookBeforeLive()
-	}
-	// Live. Everything at or below the head was replayed, named in the
-	// gap, or is invisible to this scope; the queue may repeat some of it.
-	l.floor = hs.Head
-	isLive = true
-	return l
+	})
 }
 
-// finish undoes what openStream did: the stream leaves the live set, the
-// counts and the hub.
-func (l *liveStream) finish() {
-	h, s := l.h, l.s
-	h.live.RemoveStream(s)
-	h.metrics.connClosed(transportSSE)
-	h.clients.closed(l.topics)
-	if s.WasCut() {
-		h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
-			"topics", l.topics, "remote", l.remote, "maxBufferedBytes", h.opts.SSE.MaxBufferedBytes)
-	}
-	h.removeStream(s)
-}
-
-// liveLoop streams live events and heartbeats until the client, the hub or
-// a write gives up, on the goroutine that opened the stream. Its one wait
-// is a receive on the stream's wake channel, which the queue, the
-// heartbeat timer and the context's end all signal: a channel receive's
-// frames are smaller than a select's, which keeps an idle stream's stack
-// shallow (see openStream), as does keeping liveLoop out of line.
+// liveLoop is a stream's live step: it streams live events and heartbeats
+// until the client, the hub or a write gives up, on the goroutine that
+// opened the stream. Its one wait is a receive on the stream's wake
+// channel, which the queue, the heartbeat timer and the context's end all
+// signal: a channel receive's frames are smaller than a select's, which
+// keeps an idle stream's stack shallow (see open), as does keeping
+// liveLoop out of line.
 //
 //go:noinline
-func (l *liveStream) liveLoop() {
-	signal := l.signal
-	l.arm(signal, func() {
-		l.beatDue.Store(true)
+func (c *sseStream) liveLoop() {
+	signal := c.signal
+	c.arm(signal, func() {
+		c.beatDue.Store(true)
 		signal()
 	})
-	defer l.disarm()
+	defer c.disarm()
 	for {
-		<-l.s.Wake()
-		if !l.step() {
+		<-c.s.Wake()
+		if !c.step() {
 			return
 		}
 	}
 }
 
 // signal wakes liveLoop.
-func (l *liveStream) signal() { l.s.Signal() }
+func (c *sseStream) signal() { c.s.Signal() }
 
 // arm starts what wakes a live stream besides its queue: its heartbeat
 // timer, which calls beat, and its context's end, which calls wake.
-func (l *liveStream) arm(wake, beat func()) {
-	if iv := l.h.opts.SSE.HeartbeatInterval; iv > 0 {
-		l.hb = time.AfterFunc(iv, beat)
+func (c *sseStream) arm(wake, beat func()) {
+	if iv := c.h.opts.SSE.HeartbeatInterval; iv > 0 {
+		c.hb = time.AfterFunc(iv, beat)
 	}
-	if sc, ok := l.ctx.(*streamCtx); ok {
-		l.stopCtx = sc.AfterFunc(wake) // no context of its own to keep
+	if sc, ok := c.ctx.(*streamCtx); ok {
+		c.stopCtx = sc.AfterFunc(wake) // no context of its own to keep
 	} else {
-		l.stopCtx = context.AfterFunc(l.ctx, wake)
+		c.stopCtx = context.AfterFunc(c.ctx, wake)
 	}
 }
 
 // disarm stops what arm started.
-func (l *liveStream) disarm() {
-	if l.hb != nil {
-		l.hb.Stop()
+func (c *sseStream) disarm() {
+	if c.hb != nil {
+		c.hb.Stop()
 	}
-	if l.stopCtx != nil {
-		l.stopCtx()
+	if c.stopCtx != nil {
+		c.stopCtx()
 	}
 }
 
 // step does what a wake-up asks, for every reason there may be at once:
 // the stream's end (its context, the hub's), the frames queued, the
 // heartbeat due; false if the stream must end.
-func (l *liveStream) step() bool {
-	if l.ctx.Err() != nil {
+func (c *sseStream) step() bool {
+	if c.ctx.Err() != nil {
 		return false
 	}
 	select {
-	case <-l.h.done:
+	case <-c.h.done:
 		return false
 	default:
 	}
-	if !l.writeQueued() {
+	if !c.writeQueued() {
 		return false
 	}
-	if l.beatDue.Swap(false) {
-		if !l.beat(time.Now()) {
+	if c.beatDue.Swap(false) {
+		if !c.beat(time.Now()) {
 			return false
 		}
-		l.hb.Reset(l.h.opts.SSE.HeartbeatInterval)
+		c.hb.Reset(c.h.opts.SSE.HeartbeatInterval)
 	}
 	return true
 }
 
-// writeQueued writes what the queue holds above the floor; false if the
-// stream must end.
-func (l *liveStream) writeQueued() bool {
-	s := l.s
+// writeQueued writes to the client what the queue holds above the floor;
+// false if the stream must end.
+func (c *sseStream) writeQueued() bool {
+	s := c.s
 	q, ok := s.Take()
-	if !ok || isRevoked(l.ctx) {
+	if !ok || isRevoked(c.ctx) {
 		s.Release(q)
 		return false
 	}
 	if len(q) == 0 {
 		return true
 	}
-	ok = s.Send(l.w, func(b []byte) []byte {
+	ok = s.Send(c.w, func(b []byte) []byte {
 		for _, f := range q {
-			if f.Sequence > l.floor {
+			if f.Sequence > c.floor {
 				b = append(b, f.Bytes...)
-				l.floor = f.Sequence
+				c.floor = f.Sequence
 			}
 		}
 		return b
@@ -380,20 +278,66 @@ func (l *liveStream) writeQueued() bool {
 }
 
 // beat writes a heartbeat; false if the stream must end.
-func (l *liveStream) beat(now time.Time) bool {
-	if isRevoked(l.ctx) {
+func (c *sseStream) beat(now time.Time) bool {
+	if isRevoked(c.ctx) {
 		return false
 	}
-	o := &l.h.opts.SSE
+	o := &c.h.opts.SSE
 	var extra any
 	if o.HeartbeatData != nil {
-		extra = o.HeartbeatData(l.topic)
+		extra = o.HeartbeatData(c.topic)
 	}
 	data, err := heartbeatData(now.UnixMilli(), extra)
 	if err != nil {
-		l.h.logger.Warn("replayd: encode HeartbeatData", "topic", l.topic, "err", err)
+		c.h.logger.Warn("replayd: encode HeartbeatData", "topic", c.topic, "err", err)
 	}
-	return l.s.Send(l.w, func(b []byte) []byte { return live.AppendFrame(b, "heartbeat", data) })
+	return c.s.Send(c.w, func(b []byte) []byte { return live.AppendFrame(b, "heartbeat", data) })
+}
+
+// end is a stream's last step, however it ended (answered by open, its
+// live phase over, a panic): it undoes what the steps before did, last
+// first. p is a detached stream's panic, if any (closeDetached logs it);
+// a panic on a handler goes on up to net/http.
+func (c *sseStream) end(p any) {
+	c.finish()
+	if c.cw != nil {
+		c.closeDetached(p)
+	}
+	if c.unrevoke != nil {
+		c.unrevoke()
+	}
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.release()
+	if c.cw != nil {
+		c.h.wg.Done() // detach's
+	}
+}
+
+// finish undoes what subscribe did, if it did: the stream leaves the live
+// set, the counts and the hub.
+func (c *sseStream) finish() {
+	h, s := c.h, c.s
+	if s == nil {
+		return
+	}
+	h.live.RemoveStream(s)
+	h.metrics.connClosed(transportSSE)
+	h.clients.closed(c.topics)
+	if s.WasCut() {
+		h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
+			"topics", c.topics, "remote", c.remote, "maxBufferedBytes", h.opts.SSE.MaxBufferedBytes)
+	}
+	h.removeStream(s)
+}
+
+// setStreamHeaders sets the headers of an SSE response (PROTOCOL.md, "Response").
+func setStreamHeaders(w http.ResponseWriter) {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
+	hdr.Set("Cache-Control", "no-cache, no-transform")
+	hdr.Set("X-Accel-Buffering", "no")
 }
 
 // canFlush reports whether w can flush, found out as http.ResponseController
@@ -412,137 +356,12 @@ func canFlush(w http.ResponseWriter) bool {
 	}
 }
 
-// Replay pages: a replay is read and written a page at a time, so a
-// connection in replay holds one page (or one event larger than that) on
-// top of its live queue.
-const (
-	replayPageEvents = 64
-	replayPageBytes  = 64 << 10
-)
-
-// replay writes the window W of hs, the scope's events in [hs.From,
-// hs.Head], page by page, each read under a handshake slot and written
-// under the usual write deadline. If retention pruned anything of the
-// scope above the last event written, the page just read may lack rows:
-// the stream ends instead, and the client's reconnect gets a pruned gap.
-// It returns how many events it wrote, and false if the stream must end.
-func (h *EventHub) replay(ctx context.Context, w http.ResponseWriter, s *live.Stream, topics []string, hs storage.Window) (n int, ok bool) {
-	for after := hs.From - 1; after < hs.Head; {
-		if isRevoked(ctx) || !h.acquireRead(ctx) {
-			return n, false
-		}
-		var (
-			p   storage.Page
-			err error
-		)
-		offStack(func() {
-			p, err = h.store.Read(ctx, storage.ReadRequest{Scope: topics, After: after, Through: hs.Head, Limit: replayPageEvents, MaxBytes: replayPageBytes})
-		})
-		h.releaseRead()
-		page, mark := p.Events, p.Watermark
-		switch {
-		case isRevoked(ctx):
-			return n, false // nothing read after a revocation is written
-		case err != nil:
-			if ctx.Err() == nil {
-				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)
-			}
-			return n, false
-		case mark > after:
-			h.logger.Warn("replayd: rows pruned during a replay; ending the stream so it resumes with a gap",
-				"topics", topics, "after", after, "watermark", mark)
-			return n, false
-		case len(page) == 0:
-			return n, true
-		}
-		ok := s.Send(w, func(b []byte) []byte {
-			for _, ev := range page {
-				b = live.AppendEventFrame(b, ev)
-			}
-			return b
-		})
-		if !ok {
-			return n, false
-		}
-		n += len(page)
-		after = page[len(page)-1].Sequence
-		if h.testHookReplayPage != nil {
-			h.testHookReplayPage(after)
-		}
-	}
-	return n, true
-}
-
-// readHandshake reads what a new stream needs from the log on a goroutine
-// of its own: SQLite's code grows the stack that runs it, and a handler's
-// stack stays that size for as long as the connection is open (measured:
-// 38.5 against 30.6 KiB per idle connection).
-func (h *EventHub) readHandshake(ctx context.Context, topics []string, cursor int64) (hs storage.Window, err error) {
-	if !h.acquireRead(ctx) {
-		if ctx.Err() != nil {
-			return hs, ctx.Err()
-		}
-		return hs, ErrClosed
-	}
-	defer h.releaseRead()
-	offStack(func() {
-		if cursor < 0 { // a fresh client: only the head
-			hs.Head, err = h.store.Head(ctx)
-			return
-		}
-		hs, err = h.store.Window(ctx, topics, cursor, h.opts.SSE.ReplayLimit)
-	})
-	return hs, err
-}
-
-// offStack runs fn on a short-lived goroutine and waits for it, so that the
-// stack SQLite grows is not the caller's (see readHandshake).
-func offStack(fn func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn()
-	}()
-	<-done
-}
-
 // endEarly ends a stream before its hello: a 200 with only a comment, so an
 // EventSource reconnects after its retry delay with the same Last-Event-ID.
 // Any other status, 503 included, would make it give up for good.
 func endEarly(w http.ResponseWriter, reason string) {
 	w.WriteHeader(http.StatusOK)
 	w.Write([]byte(": " + reason + "\n\n"))
-}
-
-// gapFor returns the gap frame a new stream is owed, or nil (PROTOCOL.md, "gap").
-func gapFor(rawCursor string, cursor int64, valid bool, hs storage.Window, limit int) *gap {
-	switch {
-	case rawCursor == "":
-		return nil
-	case !valid:
-		return &gap{Reason: reasonInvalidCursor, ReplayLimit: limit}
-	case cursor > hs.Head || hs.Foreign:
-		// Not a cursor of this log (see Store, the sequence floor).
-		return &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: limit}
-	case hs.Watermark > cursor:
-		return &gap{
-			Reason:        reasonPruned,
-			ResumedFrom:   ptr(cursor),
-			MissedFrom:    ptr(cursor + 1),
-			MissedThrough: ptr(max(hs.Watermark, hs.Skipped.Last)),
-			ReplayLimit:   limit,
-		}
-	case hs.Skipped.Count > 0:
-		return &gap{
-			Reason:        reasonReplayLimit,
-			ResumedFrom:   ptr(cursor),
-			MissedFrom:    ptr(hs.Skipped.First),
-			MissedThrough: ptr(hs.Skipped.Last),
-			Missed:        ptr(hs.Skipped.Count),
-			ReplayLimit:   limit,
-		}
-	}
-	return nil
 }
 
 func mustJSON(v any) []byte {
