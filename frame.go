@@ -33,9 +33,10 @@ const (
 	reasonInvalidCursor = "invalid_cursor"
 )
 
-// gap is the data of a gap frame. Every key is always present; a range the
+// wireGap is the data of a gap frame, and a poll answer's gap: the wire
+// type (Gap is the in-process one). Every key is always present; a range the
 // server cannot name is null.
-type gap struct {
+type wireGap struct {
 	Reason        string `json:"reason"`
 	ResumedFrom   *int64 `json:"resumedFrom"`
 	MissedFrom    *int64 `json:"missedFrom"`

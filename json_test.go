@@ -64,7 +64,7 @@ func FuzzPollAnswerJSON(f *testing.F) {
 			},
 		}
 		if withGap {
-			ans.Gap = &gap{Reason: s, ResumedFrom: ptr(int64(3)), MissedThrough: ptr(int64(5)), ReplayLimit: 4}
+			ans.Gap = &wireGap{Reason: s, ResumedFrom: ptr(int64(3)), MissedThrough: ptr(int64(5)), ReplayLimit: 4}
 		}
 		checkPollAnswerJSON(t, ans)
 	})
@@ -79,7 +79,7 @@ func TestPollAnswerJSON(t *testing.T) {
 		{Topics: []string{}, Events: []pollEvent{}},
 		{Topics: []string{"a"}, Events: []pollEvent{{ID: 1, Type: "m", Data: nil}}},
 		{Topics: []string{"a"}, Events: []pollEvent{{ID: 1, Type: "m", Data: json.RawMessage{}}}},
-		{Topics: []string{"a"}, More: true, Gap: &gap{Reason: reasonPruned}, Events: []pollEvent{
+		{Topics: []string{"a"}, More: true, Gap: &wireGap{Reason: reasonPruned}, Events: []pollEvent{
 			{ID: 1, Type: "m", Data: json.RawMessage(`"s"`)},
 			{ID: 2, Type: "m", Topic: &topic, Data: json.RawMessage(`{"a":[1,2]}`)},
 		}},

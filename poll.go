@@ -55,7 +55,7 @@ type pollAnswer struct {
 	Cursor int64       `json:"cursor"`
 	Head   int64       `json:"head"`
 	More   bool        `json:"more"`
-	Gap    *gap        `json:"gap"`
+	Gap    *wireGap        `json:"gap"`
 	Events []pollEvent `json:"events"`
 }
 
@@ -432,11 +432,11 @@ func (h *EventHub) longPoll(ctx context.Context, w http.ResponseWriter, r *http.
 		ans.Cursor = cursor
 		switch {
 		case cursor > pg.Head || pg.Foreign:
-			ans.Gap = &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: p.limit}
+			ans.Gap = &wireGap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: p.limit}
 			ans.Cursor = pg.Head
 			return ans, http.StatusOK, nil
 		case pg.Watermark > cursor:
-			ans.Gap = &gap{
+			ans.Gap = &wireGap{
 				Reason:        reasonPruned,
 				ResumedFrom:   ptr(cursor),
 				MissedFrom:    ptr(cursor + 1),

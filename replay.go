@@ -19,7 +19,7 @@ import (
 // gap. It returns the cursor the stream's hello carries (its own, or the
 // head if it is fresh or treated as fresh), the window to replay and the
 // gap, nil if none; false if the stream ended (it was answered).
-func (c *sseStream) handshake() (cursor int64, hs storage.Window, g *gap, ok bool) {
+func (c *sseStream) handshake() (cursor int64, hs storage.Window, g *wireGap, ok bool) {
 	h, w, ctx := c.h, c.w, c.ctx
 	cursor, valid := parseCursor(c.rawCursor)
 	readFrom := int64(-1) // fresh: read only the head
@@ -92,17 +92,17 @@ func offStack(fn func()) {
 }
 
 // gapFor returns the gap frame a new stream is owed, or nil (PROTOCOL.md, "gap").
-func gapFor(rawCursor string, cursor int64, valid bool, hs storage.Window, limit int) *gap {
+func gapFor(rawCursor string, cursor int64, valid bool, hs storage.Window, limit int) *wireGap {
 	switch {
 	case rawCursor == "":
 		return nil
 	case !valid:
-		return &gap{Reason: reasonInvalidCursor, ReplayLimit: limit}
+		return &wireGap{Reason: reasonInvalidCursor, ReplayLimit: limit}
 	case cursor > hs.Head || hs.Foreign:
 		// Not a cursor of this log (see Store, the sequence floor).
-		return &gap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: limit}
+		return &wireGap{Reason: reasonUnknownCursor, ResumedFrom: ptr(cursor), ReplayLimit: limit}
 	case hs.Watermark > cursor:
-		return &gap{
+		return &wireGap{
 			Reason:        reasonPruned,
 			ResumedFrom:   ptr(cursor),
 			MissedFrom:    ptr(cursor + 1),
@@ -110,7 +110,7 @@ func gapFor(rawCursor string, cursor int64, valid bool, hs storage.Window, limit
 			ReplayLimit:   limit,
 		}
 	case hs.Skipped.Count > 0:
-		return &gap{
+		return &wireGap{
 			Reason:        reasonReplayLimit,
 			ResumedFrom:   ptr(cursor),
 			MissedFrom:    ptr(hs.Skipped.First),

@@ -157,7 +157,7 @@ func (c *sseStream) subscribe() bool {
 
 // writeHello writes the stream's hello, after the retry delay if one is
 // set, and before the gap g if there is one; false if the stream must end.
-func (c *sseStream) writeHello(cursor, head int64, g *gap) bool {
+func (c *sseStream) writeHello(cursor, head int64, g *wireGap) bool {
 	o := &c.h.opts.SSE
 	hi := hello{Topics: c.topics, Cursor: cursor, Head: head}
 	if hi.Topics == nil {
