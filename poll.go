@@ -55,7 +55,7 @@ type pollAnswer struct {
 	Cursor int64       `json:"cursor"`
 	Head   int64       `json:"head"`
 	More   bool        `json:"more"`
-	Gap    *wireGap        `json:"gap"`
+	Gap    *wireGap    `json:"gap"`
 	Events []pollEvent `json:"events"`
 }
 
