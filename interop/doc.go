@@ -14,5 +14,8 @@
 //	cd interop && go test ./...
 //
 // It is a module of its own so that the clients stay out of replayd's
-// dependencies.
+// dependencies. Its directory durable holds the Durable Streams
+// conformance harness (npm, run by durable/run.sh) and the round-robin
+// proxy for the two-node run (durable/rrproxy, a command of its own);
+// see durable/README.md.
 package interop

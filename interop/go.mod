@@ -23,3 +23,7 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
+
+// The Durable Streams conformance harness installs its npm packages here
+// (durable/README.md); no Go package is in them.
+ignore ./durable/node_modules
