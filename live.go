@@ -3,9 +3,8 @@ package replayd
 import (
 	"context"
 
-	"github.com/replayd/replayd/storage"
-
 	"github.com/replayd/replayd/internal/live"
+	"github.com/replayd/replayd/storage"
 )
 
 // Live delivery is internal/live's: the hub holds a *live.Hub (h.live),
