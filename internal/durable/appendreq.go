@@ -33,12 +33,9 @@ func (h *Handler) append(w http.ResponseWriter, r *http.Request, topic string) {
 	var next int64
 	err = h.update(r.Context(), []string{topic}, func(t *txn) error {
 		ctx := r.Context()
-		m, ok, err := t.stream(ctx, topic)
+		m, err := t.aliveStream(ctx, topic)
 		if err != nil {
 			return err
-		}
-		if !ok {
-			return refuse(http.StatusNotFound, "stream not found")
 		}
 		last, err := t.Last(ctx, topic)
 		if err != nil {

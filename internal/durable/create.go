@@ -57,18 +57,32 @@ func parseConfig(r *http.Request) (config, *refusal) {
 	return c, nil
 }
 
-// matches reports whether an existing stream was created with c.
-func (c config) matches(m *meta) bool {
+// matchesExisting reports whether an existing stream was created with c
+// (and fork): a fork's inherited content type and expiry match when the
+// request names none.
+func (c config) matchesExisting(m *meta, fork *forkReq) bool {
+	if !fork.matches(m) || c.closed != m.Closed {
+		return false
+	}
+	if fork != nil && !fork.typeGiven {
+		// inherited
+	} else if !sameType(c.contentType, m.ContentType) {
+		return false
+	}
+	if fork != nil && c.ttl == nil && c.expiresAt == "" {
+		return true
+	}
 	sameTTL := (c.ttl == nil) == (m.TTL == nil) && (c.ttl == nil || *c.ttl == *m.TTL)
-	return sameType(c.contentType, m.ContentType) && sameTTL && c.expiresAt == m.ExpiresAt && c.closed == m.Closed
+	return sameTTL && c.expiresAt == m.ExpiresAt
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, topic string) {
-	if r.Header.Get(hForkedFrom) != "" || r.Header.Get(hForkOffset) != "" {
-		httpError(w, http.StatusNotImplemented, "forks are not supported yet")
+	c, ref := parseConfig(r)
+	if ref != nil {
+		ref.answer(w)
 		return
 	}
-	c, ref := parseConfig(r)
+	fork, ref := h.parseFork(r)
 	if ref != nil {
 		ref.answer(w)
 		return
@@ -78,27 +92,44 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, topic string) {
 		httpError(w, statusOf(err), err.Error())
 		return
 	}
-	enc := encodingOf(c.contentType)
-	created := false
+	ctx := r.Context()
+	topics := []string{topic}
+	var plan *forkPlan
+	if fork != nil {
+		if fork.source == topic {
+			httpError(w, http.StatusBadRequest, "a stream cannot be forked from itself")
+			return
+		}
+		// An existing stream is answered before its source is looked at.
+		if v, err := h.readAt(ctx, topic, atTail, 0); err == nil {
+			h.created(w, r, v.m, v.tail, false, c.matchesExisting(v.m, fork))
+			return
+		}
+		if plan, err = h.planFork(ctx, fork, &c); err != nil {
+			h.answerErr(w, r, topic, err)
+			return
+		}
+		topics = append(topics, fork.source)
+	}
+	created, same := false, true
 	var m *meta
 	var tail int64
-	err = h.update(r.Context(), []string{topic}, func(t *txn) error {
-		ctx := r.Context()
-		old, ok, err := t.stream(ctx, topic)
-		if err != nil {
+	err = h.update(ctx, topics, func(t *txn) error {
+		old, st, err := t.stream(ctx, topic)
+		switch {
+		case err != nil:
 			return err
-		}
-		if ok {
-			if !c.matches(old) {
-				return refuse(http.StatusConflict, "the stream exists with another configuration")
-			}
+		case st == gone:
+			return refuse(http.StatusConflict, "the stream was deleted while forks read it: its path cannot be reused until they are gone")
+		case st == alive:
 			last, err := t.Last(ctx, topic)
 			if err != nil {
 				return err
 			}
-			created, m, tail = false, old, old.tail(last)
+			created, m, tail, same = false, old, old.tail(last), c.matchesExisting(old, fork)
 			return nil
 		}
+		enc := encodingOf(c.contentType)
 		var ps []json.RawMessage
 		if len(body) > 0 {
 			if ps, err = payloads(enc, body, true); err != nil {
@@ -107,14 +138,33 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, topic string) {
 		}
 		m = &meta{ContentType: c.contentType, TTL: c.ttl, ExpiresAt: c.expiresAt, Expires: c.expires,
 			Access: t.now.UnixMilli(), Created: t.now.UnixMilli()}
-		if m.Base, err = t.marker(ctx, topic, markerCreate, map[string]string{"contentType": c.contentType}); err != nil {
+		if plan != nil {
+			src, sst, err := t.stream(ctx, fork.source)
+			switch {
+			case err != nil:
+				return err
+			case sst == absent:
+				return refuse(http.StatusNotFound, "source stream not found")
+			case sst == gone:
+				return refuse(http.StatusConflict, "the source stream was deleted (its forks still read it)")
+			case src.Base != plan.src.Base:
+				return refuse(http.StatusConflict, "the source stream was replaced meanwhile: retry")
+			}
+			src.Forks++
+			if err := t.put(ctx, fork.source, src); err != nil {
+				return err
+			}
+			m.Parents, m.Chain, m.ForkOffset, m.ForkOffsetArg, m.ForkSub = plan.parents, plan.chain, plan.offset, fork.raw, fork.sub
+			ps = append(plan.prefix, ps...)
+		}
+		if m.Base, err = t.marker(ctx, topic, markerCreate, createMarker{ContentType: c.contentType, ForkedFrom: m.Parents, ForkOffset: m.ForkOffset}); err != nil {
 			return err
 		}
 		last, err := t.appendEvents(ctx, topic, h.DataType, ps)
 		if err != nil {
 			return err
 		}
-		tail = max(m.Base, last)
+		tail = m.tail(last)
 		if c.closed {
 			if err := t.close(ctx, topic, m, tail, nil); err != nil {
 				return err
@@ -125,6 +175,24 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, topic string) {
 	})
 	if err != nil {
 		h.answerErr(w, r, topic, err)
+		return
+	}
+	h.created(w, r, m, tail, created, same)
+}
+
+// createMarker is the payload of a ds.create marker: what a Handler()
+// reader of the topic learns of the stream.
+type createMarker struct {
+	ContentType string   `json:"contentType"`
+	ForkedFrom  []string `json:"forkedFrom,omitempty"` // source topics, nearest first
+	ForkOffset  int64    `json:"forkOffset,omitempty"`
+}
+
+// created answers a PUT: 201 for a new stream, 200 for the same
+// configuration again, 409 for another.
+func (h *Handler) created(w http.ResponseWriter, r *http.Request, m *meta, tail int64, created, same bool) {
+	if !same {
+		httpError(w, http.StatusConflict, "the stream exists with another configuration")
 		return
 	}
 	hd := w.Header()

@@ -7,21 +7,35 @@ import "net/http"
 // log until retention prunes them (the log deletes only what retention
 // condemns). A stream created again at the path starts above the marker,
 // so an offset of the deleted one is gone (410), never read as the new
-// one's.
+// one's. A stream that forks still read is soft-deleted instead (fork.go).
 func (h *Handler) delete(w http.ResponseWriter, r *http.Request, topic string) {
-	err := h.update(r.Context(), []string{topic}, func(t *txn) error {
-		ctx := r.Context()
-		_, ok, err := t.stream(ctx, topic)
+	ctx := r.Context()
+	// The sources are named to the transaction, which may collect them.
+	v, err := h.readAt(ctx, topic, atTail, 0)
+	if err != nil {
+		h.answerErr(w, r, topic, err)
+		return
+	}
+	topics := append([]string{topic}, v.m.Parents...)
+	err = h.update(ctx, topics, func(t *txn) error {
+		m, err := t.aliveStream(ctx, topic)
 		if err != nil {
 			return err
 		}
-		if !ok {
-			return refuse(http.StatusNotFound, "stream not found")
+		if m.Base != v.m.Base {
+			return refuse(http.StatusConflict, "the stream was replaced meanwhile: retry")
 		}
 		if _, err := t.marker(ctx, topic, markerDelete, struct{}{}); err != nil {
 			return err
 		}
-		return t.DeleteStream(ctx, topic)
+		if m.Forks > 0 {
+			m.Deleted = true
+			return t.put(ctx, topic, m)
+		}
+		if err := t.DeleteStream(ctx, topic); err != nil {
+			return err
+		}
+		return t.unfork(ctx, m)
 	})
 	if err != nil {
 		h.answerErr(w, r, topic, err)

@@ -17,7 +17,7 @@ func (h *Handler) longPoll(w http.ResponseWriter, r *http.Request, topic string,
 	client := r.URL.Query().Get("cursor")
 	var timeout <-chan time.Time
 	for {
-		if len(v.page.Events) > 0 {
+		if len(v.events) > 0 {
 			hd.Set(hCursor, h.cursor(client))
 			h.writePage(w, r, v, false, "")
 			return

@@ -34,6 +34,75 @@ type meta struct {
 	// StreamSeq is the last Stream-Seq accepted (compared byte-wise).
 	StreamSeq string `json:"streamSeq,omitempty"`
 	Created   int64  `json:"created"`
+
+	// A fork (fork.go): Parents are its source, the source's source and so
+	// on; ForkOffset and ForkSub the Stream-Fork-Offset and
+	// Stream-Fork-Sub-Offset it was made with (ForkOffsetArg: the offset as
+	// the client named it, "" for the default); Chain the inherited segments of the log it reads
+	// before its own, oldest first. A stream's Forks counts the live
+	// forks made from it; Deleted marks a stream deleted while it had
+	// some (soft-deleted: its forks still read it).
+	Parents         []string  `json:"parents,omitempty"`
+	ForkOffset      int64     `json:"forkOffset,omitempty"`
+	ForkOffsetArg   string    `json:"forkOffsetArg,omitempty"`
+	ForkSub         int64     `json:"forkSub,omitempty"`
+	Chain           []segment `json:"chain,omitempty"`
+	Forks           int64     `json:"forks,omitempty"`
+	Deleted         bool      `json:"deleted,omitempty"`
+}
+
+// A segment is a range of a topic's events a stream reads: those with a
+// sequence in (Lo, Hi], Hi 0 meaning up to the stream's tail. A stream
+// reads its chain's segments, then its own, (Base, tail]; the ranges
+// ascend and never overlap (a fork's base is above its fork offset), so
+// offsets ascend across them.
+type segment struct {
+	Topic string `json:"topic"`
+	Lo    int64  `json:"lo"`
+	Hi    int64  `json:"hi"`
+}
+
+// segments are the ranges a read of the stream of topic walks.
+func (m *meta) segments(topic string) []segment {
+	own := segment{Topic: topic, Lo: m.Base}
+	if m.Closed {
+		own.Hi = m.ClosedAt
+		if own.Hi < own.Lo {
+			own.Hi = own.Lo // closed with nothing of its own: an empty range
+		}
+	}
+	return append(append(make([]segment, 0, len(m.Chain)+1), m.Chain...), own)
+}
+
+// start is the offset of the stream's beginning: the first segment's.
+func (m *meta) start() int64 {
+	if len(m.Chain) > 0 {
+		return m.Chain[0].Lo
+	}
+	return m.Base
+}
+
+// A state is what a stream's record says of it now.
+type state int
+
+const (
+	absent state = iota // no stream (none, or expired with no fork reading it)
+	gone                // deleted or expired while forks read it: 410
+	alive
+)
+
+func (m *meta) state(now time.Time) state {
+	switch {
+	case m == nil:
+		return absent
+	case m.Deleted:
+		return gone
+	case m.expired(now) && m.Forks > 0:
+		return gone
+	case m.expired(now):
+		return absent
+	}
+	return alive
 }
 
 // producerKey names one producer append.
@@ -79,10 +148,15 @@ func (m *meta) expired(now time.Time) bool {
 // tail is the offset of the stream's end, given the sequence of the
 // topic's newest event (storage.StreamPage.Last).
 func (m *meta) tail(last int64) int64 {
-	if m.Closed {
+	switch {
+	case m.Closed:
 		return m.ClosedAt
+	case last > m.Base:
+		return last
+	case len(m.Chain) > 0:
+		return m.Chain[len(m.Chain)-1].Hi // a fork with nothing of its own yet
 	}
-	return max(m.Base, last)
+	return m.Base
 }
 
 // An encoding is how a stream's bytes are kept in the log's JSON payloads.

@@ -24,137 +24,197 @@ const (
 // refused rather than half read.
 func parseQuery(raw string) (url.Values, error) { return url.ParseQuery(raw) }
 
-// view is a resolved read: the stream, the position read after, and the
-// page read there.
+// view is a resolved read: the stream, the position read after, the
+// events that follow it (up to a page), and the stream's tail.
 type view struct {
-	m     *meta
-	after int64
-	page  storage.StreamPage
-	tail  int64
+	m      *meta
+	topic  string
+	after  int64
+	events []storage.Event
+	more   bool // more events follow the page
+	tail   int64
 }
 
 // upToDate reports whether the page reaches the stream's tail.
-func (v *view) upToDate() bool { return !v.page.More }
+func (v *view) upToDate() bool { return !v.more }
 
 // next is the offset after the page: its last event, or where it started.
 func (v *view) next() int64 {
-	if n := len(v.page.Events); n > 0 {
-		return v.page.Events[n-1].Sequence
+	if n := len(v.events); n > 0 {
+		return v.events[n-1].Sequence
 	}
 	return v.after
 }
 
 // readAt reads topic's page after the offset (kind, seq), checking that it
 // is a position of the stream: a *refusal for a missing or expired stream
-// (404) or an offset that is not one of its positions (410).
+// (404), a deleted one (410), or an offset that is not one of its
+// positions (410).
 func (h *Handler) readAt(ctx context.Context, topic string, kind offsetKind, seq int64) (*view, error) {
-	after := seq
+	req := storage.StreamReadRequest{Topic: topic, After: seq, Limit: pageEvents, MaxBytes: pageBytes}
 	if kind != atSeq {
-		after = 0
+		req.After, req.Limit, req.MaxBytes = 0, 1, 1 // only the record and the tail, first
 	}
-	limit, size := pageEvents, pageBytes
-	if kind != atSeq {
-		limit, size = 1, 1 // only the record and the tail, first
-	}
-	page, err := h.Store.ReadStream(ctx, storage.StreamReadRequest{Topic: topic, After: after, Limit: limit, MaxBytes: size})
+	page, err := h.Store.ReadStream(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	m, ref, err := h.live(page)
-	if err != nil || ref != nil {
-		if ref != nil {
-			return nil, ref
-		}
+	m, err := h.alive(page)
+	if err != nil {
 		return nil, err
 	}
+	tail := m.tail(page.Last)
 	switch kind {
 	case atTail:
-		tail := m.tail(page.Last)
-		return &view{m: m, after: tail, tail: tail, page: storage.StreamPage{Record: page.Record, Found: true, Last: page.Last, Head: page.Head}}, nil
+		return &view{m: m, topic: topic, after: tail, tail: tail}, nil
 	case atStart:
-		return h.readAfter(ctx, topic, m, m.Base)
+		return h.readFrom(ctx, topic, m, 0, m.start(), nil, tail)
 	}
-	if ref := position(m, page, seq); ref != nil {
-		return nil, ref
+	segs := m.segments(topic)
+	own := len(segs) - 1
+	if seq > m.Base {
+		// In the stream's own range: page was read there.
+		if ref := position(m, page, seq, tail); ref != nil {
+			return nil, ref
+		}
+		return h.readFrom(ctx, topic, m, own, seq, &page, tail)
 	}
-	v := &view{m: m, after: seq, page: page, tail: m.tail(page.Last)}
-	v.bound()
-	return v, nil
+	for i, sg := range segs {
+		if seq == sg.Lo {
+			return h.readFrom(ctx, topic, m, i, seq, nil, tail)
+		}
+	}
+	for i, sg := range m.Chain {
+		if sg.Lo < seq && seq <= sg.Hi {
+			probe, err := h.Store.ReadStream(ctx, storage.StreamReadRequest{Topic: sg.Topic, After: seq, Through: sg.Hi, Limit: pageEvents, MaxBytes: pageBytes})
+			if err != nil {
+				return nil, err
+			}
+			if !probe.At {
+				return nil, goneOffset(probe, seq)
+			}
+			return h.readFrom(ctx, topic, m, i, seq, &probe, tail)
+		}
+	}
+	return nil, goneOffset(page, seq)
 }
 
-// readAfter reads the page of m's stream after a known position.
+// readAfter reads the page of m's stream after a position it already
+// checked (the offset after a page it answered).
 func (h *Handler) readAfter(ctx context.Context, topic string, m *meta, after int64) (*view, error) {
 	page, err := h.Store.ReadStream(ctx, storage.StreamReadRequest{Topic: topic, After: after, Limit: pageEvents, MaxBytes: pageBytes})
 	if err != nil {
 		return nil, err
 	}
-	m2, ref, err := h.live(page)
+	m2, err := h.alive(page)
 	if err != nil {
 		return nil, err
-	}
-	if ref != nil {
-		return nil, ref
 	}
 	if m2.Base != m.Base {
 		return nil, refuse(http.StatusNotFound, "stream not found") // deleted and created again meanwhile
 	}
-	v := &view{m: m2, after: after, page: page, tail: m2.tail(page.Last)}
-	v.bound()
+	tail := m2.tail(page.Last)
+	segs := m2.segments(topic)
+	if after >= m2.Base {
+		return h.readFrom(ctx, topic, m2, len(segs)-1, after, &page, tail)
+	}
+	for i := len(m2.Chain) - 1; i >= 0; i-- {
+		if after >= m2.Chain[i].Lo {
+			return h.readFrom(ctx, topic, m2, i, after, nil, tail)
+		}
+	}
+	return h.readFrom(ctx, topic, m2, 0, after, nil, tail)
+}
+
+// readFrom reads m's segments from segment i on, after the position
+// after: a page of their events, in order. first, when set, is segment
+// i's page already read after it.
+func (h *Handler) readFrom(ctx context.Context, topic string, m *meta, i int, after int64, first *storage.StreamPage, tail int64) (*view, error) {
+	v := &view{m: m, topic: topic, after: after, tail: tail}
+	segs := m.segments(topic)
+	left, size := pageEvents, pageBytes
+	for ; i < len(segs); i++ {
+		sg := segs[i]
+		from := max(after, sg.Lo)
+		var page storage.StreamPage
+		if first != nil && from == after {
+			page, first = *first, nil
+		} else {
+			var err error
+			page, err = h.Store.ReadStream(ctx, storage.StreamReadRequest{Topic: sg.Topic, After: from, Through: sg.Hi, Limit: left, MaxBytes: size})
+			if err != nil {
+				return nil, err
+			}
+		}
+		for _, ev := range page.Events {
+			if sg.Hi != 0 && ev.Sequence > sg.Hi {
+				break // a page read before its bound was known (a closed stream's own)
+			}
+			if left == 0 || size <= 0 {
+				v.more = true
+				return v, nil
+			}
+			v.events = append(v.events, ev)
+			left--
+			size -= len(ev.Payload)
+		}
+		if page.More && (sg.Hi == 0 || page.Events[len(page.Events)-1].Sequence < sg.Hi) {
+			v.more = true
+			return v, nil
+		}
+	}
 	return v, nil
 }
 
-// bound drops what a closed stream's page holds after its close.
-func (v *view) bound() {
-	if !v.m.Closed {
-		return
-	}
-	evs := v.page.Events
-	for len(evs) > 0 && evs[len(evs)-1].Sequence > v.m.ClosedAt {
-		evs = evs[:len(evs)-1]
-		v.page.More = false
-	}
-	v.page.Events = evs
-}
-
-// live decodes a page's stream: a refusal when it is missing or expired.
-func (h *Handler) live(page storage.StreamPage) (*meta, *refusal, error) {
+// alive decodes a page's stream: a refusal when it is missing or expired
+// (404) or deleted while forks read it (410).
+func (h *Handler) alive(page storage.StreamPage) (*meta, error) {
 	if !page.Found {
-		return nil, refuse(http.StatusNotFound, "stream not found"), nil
+		return nil, refuse(http.StatusNotFound, "stream not found")
 	}
 	m, err := decodeMeta(page.Record)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	if m.expired(h.Now()) {
-		return nil, refuse(http.StatusNotFound, "stream not found"), nil
+	switch m.state(h.Now()) {
+	case absent:
+		return nil, refuse(http.StatusNotFound, "stream not found")
+	case gone:
+		return nil, refuse(http.StatusGone, "the stream was deleted")
 	}
-	return m, nil, nil
+	return m, nil
 }
 
-// position checks that o is a position of m's stream (page was read
-// after o): its base, or an event of its topic up to its tail. Anything
-// else is gone: an offset of an earlier incarnation, of another stream,
-// beyond the tail, foreign to the log (a restored or replaced log), or
-// below what retention kept. Never data as if contiguous.
-func position(m *meta, page storage.StreamPage, o int64) *refusal {
+// position checks that o, in m's own range, is a position of its stream
+// (page was read after o): an event of its topic up to its tail. Anything
+// else is gone: beyond the tail, foreign to the log (a restored or
+// replaced log), below what retention kept, or not the stream's. Never
+// data as if contiguous.
+func position(m *meta, page storage.StreamPage, o, tail int64) *refusal {
+	switch {
+	case page.Foreign || o > page.Head:
+		return goneOffset(page, o)
+	case o > tail:
+		return &refusal{status: http.StatusGone, code: "unknown_offset", msg: "the offset is beyond the stream's tail"}
+	case page.At:
+		return nil
+	}
+	return goneOffset(page, o)
+}
+
+// goneOffset is the 410 for an offset that is not a position of the
+// stream, page having been read after it in the topic it would be of.
+func goneOffset(page storage.StreamPage, o int64) *refusal {
 	gone := func(code, msg string) *refusal {
 		return &refusal{status: http.StatusGone, code: code, msg: msg}
 	}
 	switch {
-	case o == m.Base:
-		return nil
-	case o < m.Base:
-		return gone("unknown_offset", "the offset is not of this stream (another stream's, or an earlier incarnation's): read again from -1")
 	case page.Foreign || o > page.Head:
 		return gone("unknown_offset", "the log never issued this offset (a restored or replaced log): read again from -1")
-	case o > m.tail(page.Last):
-		return gone("unknown_offset", "the offset is beyond the stream's tail")
-	case page.At:
-		return nil
 	case o <= page.Watermark:
 		return gone("retention", "retention deleted what follows this offset: read again from -1")
 	}
-	return gone("unknown_offset", "the offset is not of this stream: read again from -1")
+	return gone("unknown_offset", "the offset is not of this stream (another stream's, or an earlier incarnation's): read again from -1")
 }
 
 func (h *Handler) read(w http.ResponseWriter, r *http.Request, topic string) {
@@ -243,7 +303,7 @@ func (h *Handler) writePage(w http.ResponseWriter, r *http.Request, v *view, eta
 			return
 		}
 	}
-	body := appendBody(nil, encodingOf(v.m.ContentType), v.page.Events)
+	body := appendBody(nil, encodingOf(v.m.ContentType), v.events)
 	hd.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
@@ -258,8 +318,8 @@ func (h *Handler) touch(ctx context.Context, topic string, m *meta) {
 		return
 	}
 	err := h.update(ctx, []string{topic}, func(t *txn) error {
-		cur, ok, err := t.stream(ctx, topic)
-		if err != nil || !ok || cur.Base != m.Base {
+		cur, st, err := t.stream(ctx, topic)
+		if err != nil || st != alive || cur.Base != m.Base {
 			return err
 		}
 		cur.Access = t.now.UnixMilli()

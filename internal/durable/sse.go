@@ -56,7 +56,7 @@ func (h *Handler) sse(w http.ResponseWriter, r *http.Request, topic string, v *v
 	var buf []byte
 	for first := true; ; first = false {
 		closed := v.m.Closed && v.upToDate()
-		if first || closed || len(v.page.Events) > 0 {
+		if first || closed || len(v.events) > 0 {
 			buf = h.appendFrames(buf[:0], enc, v, client)
 			if _, err := w.Write(buf); err != nil {
 				return
@@ -66,7 +66,7 @@ func (h *Handler) sse(w http.ResponseWriter, r *http.Request, topic string, v *v
 		if closed {
 			return
 		}
-		if !v.page.More && !h.awaitAppend(w, rc, waiter, end.C, beat.C, ctx.Done()) {
+		if !v.more && !h.awaitAppend(w, rc, waiter, end.C, beat.C, ctx.Done()) {
 			return
 		}
 		next, err := h.readAfter(ctx, topic, v.m, v.next())
@@ -81,7 +81,7 @@ func (h *Handler) sse(w http.ResponseWriter, r *http.Request, topic string, v *v
 // after it; a lone control for an empty page; the final control of a
 // closed stream at its tail.
 func (h *Handler) appendFrames(b []byte, enc encoding, v *view, client string) []byte {
-	evs := v.page.Events
+	evs := v.events
 	up := v.upToDate()
 	closedAt := func(seq int64) bool { return v.m.Closed && up && seq >= v.m.ClosedAt }
 	ctl := func(seq int64, last bool) control {

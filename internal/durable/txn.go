@@ -91,20 +91,32 @@ func (h *Handler) answerErr(w http.ResponseWriter, r *http.Request, topic string
 	h.serverError(w, r, topic, err)
 }
 
-// stream returns the live (existing, unexpired) stream of topic.
-func (t *txn) stream(ctx context.Context, topic string) (*meta, bool, error) {
+// stream returns the record of topic, decoded, and its state.
+func (t *txn) stream(ctx context.Context, topic string) (*meta, state, error) {
 	rec, ok, err := t.Stream(ctx, topic)
 	if err != nil || !ok {
-		return nil, false, err
+		return nil, absent, err
 	}
 	m, err := decodeMeta(rec)
 	if err != nil {
-		return nil, false, err
+		return nil, absent, err
 	}
-	if m.expired(t.now) {
-		return m, false, nil
+	return m, m.state(t.now), nil
+}
+
+// aliveStream returns the stream of topic if it is alive, else the
+// refusal a request to it gets: 404, or 410 for a deleted one.
+func (t *txn) aliveStream(ctx context.Context, topic string) (*meta, error) {
+	m, st, err := t.stream(ctx, topic)
+	switch {
+	case err != nil:
+		return nil, err
+	case st == absent:
+		return nil, refuse(http.StatusNotFound, "stream not found")
+	case st == gone:
+		return nil, refuse(http.StatusGone, "the stream was deleted")
 	}
-	return m, true, nil
+	return m, nil
 }
 
 func (t *txn) put(ctx context.Context, topic string, m *meta) error {
