@@ -42,13 +42,13 @@ type meta struct {
 	// before its own, oldest first. A stream's Forks counts the live
 	// forks made from it; Deleted marks a stream deleted while it had
 	// some (soft-deleted: its forks still read it).
-	Parents         []string  `json:"parents,omitempty"`
-	ForkOffset      int64     `json:"forkOffset,omitempty"`
-	ForkOffsetArg   string    `json:"forkOffsetArg,omitempty"`
-	ForkSub         int64     `json:"forkSub,omitempty"`
-	Chain           []segment `json:"chain,omitempty"`
-	Forks           int64     `json:"forks,omitempty"`
-	Deleted         bool      `json:"deleted,omitempty"`
+	Parents       []string  `json:"parents,omitempty"`
+	ForkOffset    int64     `json:"forkOffset,omitempty"`
+	ForkOffsetArg string    `json:"forkOffsetArg,omitempty"`
+	ForkSub       int64     `json:"forkSub,omitempty"`
+	Chain         []segment `json:"chain,omitempty"`
+	Forks         int64     `json:"forks,omitempty"`
+	Deleted       bool      `json:"deleted,omitempty"`
 }
 
 // A segment is a range of a topic's events a stream reads: those with a
