@@ -32,8 +32,19 @@ const (
 )
 
 // UpdateStreams runs fn in a transaction holding SQLite's write lock (see
-// BeginTx) and commits it when fn returns nil.
+// BeginTx) and commits it when fn returns nil. It takes the store's
+// writeMu first, as Append does, so that concurrent stream writes of this
+// process queue on a mutex rather than on SQLite's busy handler, which
+// sleeps (milliseconds) between its tries.
 func (s *Store) UpdateStreams(ctx context.Context, topics []string, fn func(storage.StreamTx) error) error {
+	unlock, err := lockCtx(ctx, &s.writeMu)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if s.closed {
+		return ErrClosed
+	}
 	tx, err := s.BeginTx(ctx)
 	if err != nil {
 		return fmt.Errorf("replayd: begin a stream transaction: %w", err)
