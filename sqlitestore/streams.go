@@ -50,19 +50,22 @@ func (s *Store) UpdateStreams(ctx context.Context, topics []string, fn func(stor
 		return fmt.Errorf("replayd: begin a stream transaction: %w", err)
 	}
 	defer tx.Rollback()
-	if err := fn(&streamTx{s: s, tx: tx}); err != nil {
+	st := &streamTx{s: s, tx: tx}
+	if err := fn(st); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("replayd: commit a stream transaction: %w", err)
 	}
+	s.saw(st.newest) // issued now (see guardHead)
 	return nil
 }
 
 // streamTx is a storage.StreamTx over a transaction of BeginTx.
 type streamTx struct {
-	s  *Store
-	tx *sql.Tx
+	s      *Store
+	tx     *sql.Tx
+	newest int64 // the highest sequence appended
 }
 
 func (t *streamTx) Stream(ctx context.Context, topic string) (storage.StreamRecord, bool, error) {
@@ -103,7 +106,13 @@ func (t *streamTx) Last(ctx context.Context, topic string) (int64, error) {
 }
 
 func (t *streamTx) Append(ctx context.Context, evs []storage.Event) ([]storage.AppendResult, error) {
-	return t.s.AppendTx(ctx, t.tx, evs)
+	res, err := t.s.AppendTx(ctx, t.tx, evs)
+	for _, r := range res {
+		if r.Err == nil {
+			t.newest = max(t.newest, r.Event.Sequence)
+		}
+	}
+	return res, err
 }
 
 func getStream(ctx context.Context, q querier, topic string) (storage.StreamRecord, bool, error) {
