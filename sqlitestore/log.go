@@ -46,6 +46,8 @@ type Store struct {
 	// writeMu serialises the write transactions of this store and guards
 	// writer and closed.
 	writeMu sync.Mutex
+	// streamQ queues UpdateStreams calls for group commit (streams.go).
+	streamQ streamQueue
 	writer  *logWriter // Append's connection
 	closed  bool
 	// ckpt takes the checkpoints the writer's commits make due (see

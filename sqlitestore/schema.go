@@ -39,6 +39,19 @@ var schema = []string{
 		after   INTEGER PRIMARY KEY, -- the head when the log was opened
 		through INTEGER NOT NULL     -- the head it was raised to
 	)`,
+	// Durable Streams' state (streams.go): a record per stream, opaque to
+	// the store, and the state of each idempotent producer of a stream.
+	`CREATE TABLE IF NOT EXISTS events_streams (
+		topic      TEXT    PRIMARY KEY,
+		meta       BLOB    NOT NULL,
+		expires_at INTEGER NOT NULL -- unix milliseconds; 0: never
+	) WITHOUT ROWID`,
+	`CREATE TABLE IF NOT EXISTS events_stream_producers (
+		topic    TEXT NOT NULL,
+		producer TEXT NOT NULL,
+		state    BLOB NOT NULL,
+		PRIMARY KEY (topic, producer)
+	) WITHOUT ROWID`,
 }
 
 // The topic index covers topic_ordinal, so a count reads no table row.

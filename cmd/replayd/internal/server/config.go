@@ -50,6 +50,11 @@ type Config struct {
 	MaxBody      int64
 	Detach       bool
 	LogLevel     slog.Level
+
+	// StreamsPrefix is where the Durable Streams handler is mounted ("":
+	// not at all); StreamsDev opens it to every read and write.
+	StreamsPrefix string
+	StreamsDev    bool
 }
 
 // UsageError is a bad flag or value: the command exits with status 2.
@@ -67,14 +72,15 @@ var ErrHelp = flag.ErrHelp
 // *UsageError naming the flag, or ErrHelp.
 func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
 	c := Config{
-		Listen:       "127.0.0.1:8080",
-		DB:           "replayd.db",
-		MaxBody:      16 << 20,
-		ReplayLimit:  100,
-		Heartbeat:    15 * time.Second,
-		PollMaxWait:  30 * time.Second,
-		MaxTopics:    32,
-		TailInterval: time.Second,
+		Listen:        "127.0.0.1:8080",
+		DB:            "replayd.db",
+		MaxBody:       16 << 20,
+		ReplayLimit:   100,
+		Heartbeat:     15 * time.Second,
+		PollMaxWait:   30 * time.Second,
+		MaxTopics:     32,
+		TailInterval:  time.Second,
+		StreamsPrefix: "/v1/stream/",
 
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -112,6 +118,8 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.DurationVar(&c.TailInterval, "tail-interval", c.TailInterval, "with --postgres: fallback poll for other nodes' events")
 	fs.Var(&maxBody, "max-body", "largest POST /publish `body` (bytes, or with KiB, MiB, GiB)")
 	fs.BoolVar(&c.Detach, "detach", false, "serve HTTP/1.1 streams on the detached connection (less memory per stream)")
+	fs.StringVar(&c.StreamsPrefix, "streams-prefix", c.StreamsPrefix, "`path` the Durable Streams protocol is served at (\"\": off); writes need a publish key covering the stream, reads a token or --public-topics")
+	fs.BoolVar(&c.StreamsDev, "streams-dev", false, "open Durable Streams to every read and write, with no key or token: for local development and the protocol's conformance suite only")
 	fs.StringVar(&level, "log-level", "info", "`level`: debug, info, warn or error")
 	fs.Usage = func() {} // errors are reported by the caller, in one line
 	printUsage := func() {

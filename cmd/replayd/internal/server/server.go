@@ -128,6 +128,12 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 	mux.Handle("/poll", subs.wrap(s.hub.PollHandler()))
 	mux.Handle("/replayd.js", scriptCORS(c.AllowOrigins, replayd.ClientScript()))
 	mux.Handle("/publish", &publishHandler{hub: s.hub, keys: publishKeys(c.PublishKeys), maxBody: c.MaxBody, log: log})
+	if c.StreamsPrefix != "" {
+		if c.StreamsDev {
+			log.Warn("--streams-dev: Durable Streams are open to every read and write, with no key or token", "prefix", c.StreamsPrefix)
+		}
+		mux.Handle(c.StreamsPrefix, subs.wrap(s.hub.DurableStreams(streamsOptions(c, log))))
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/readyz", s.hub.ReadyHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
