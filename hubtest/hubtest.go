@@ -80,6 +80,7 @@ var subtests = []struct {
 	{"HeadNeverGoesBackwards", testHeadNeverGoesBackwards},
 	{"PruneByAgeBelowOneSecond", testPruneByAgeBelowOneSecond},
 	{"StartRetention", testStartRetention},
+	{"TopicRetentionMixedScopeGaps", testTopicRetentionMixedScopeGaps},
 	// tail.go
 	{"TailDeliversOtherWritersExactlyOnce", testTailDeliversOtherWritersExactlyOnce},
 	{"PublishCatchesUpOtherWriters", testPublishCatchesUpOtherWriters},
