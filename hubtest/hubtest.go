@@ -81,6 +81,7 @@ var subtests = []struct {
 	{"PruneByAgeBelowOneSecond", testPruneByAgeBelowOneSecond},
 	{"StartRetention", testStartRetention},
 	{"TopicRetentionMixedScopeGaps", testTopicRetentionMixedScopeGaps},
+	{"TopicRetentionPrunedBeforeLiveDelivery", testTopicRetentionPrunedBeforeLiveDelivery},
 	// tail.go
 	{"TailDeliversOtherWritersExactlyOnce", testTailDeliversOtherWritersExactlyOnce},
 	{"PublishCatchesUpOtherWriters", testPublishCatchesUpOtherWriters},

@@ -105,3 +105,30 @@ func testTopicRetentionMixedScopeGaps(t *testing.T, newLog func(t *testing.T) op
 	live := mustPublish(t, h, "b", "live")
 	c.NextIs(live.Sequence, "live")
 }
+
+// A per-topic prune that overtakes live delivery (rows another process
+// committed, deleted before this hub read them) is a gap for subscribers,
+// and the rows of topics it kept inside the hole are still delivered, after
+// it.
+func testTopicRetentionPrunedBeforeLiveDelivery(t *testing.T, newLog func(t *testing.T) opener) {
+	open := newLog(t)
+	h := open(replayd.Options{})
+	other := open(replayd.Options{})
+	first := mustPublish(t, h, "", "before") // the live position is first
+	rec := recordSubscriber(h)
+	mustPublish(t, other, "a", 1) // by "another process": h has no tail
+	b1 := mustPublish(t, other, "b", 1)
+	a2 := mustPublish(t, other, "a", 2)
+	if n, err := other.PruneTopic(context.Background(), "a", a2.Sequence); err != nil || n != 2 {
+		t.Fatalf("PruneTopic a: %d, %v", n, err)
+	}
+	ev := mustPublish(t, h, "", "next") // h learns of the hole now
+	want := []string{
+		fmt.Sprintf("gap pruned %d %d-%d", first.Sequence, first.Sequence+1, a2.Sequence),
+		fmt.Sprintf("e%d", b1.Sequence),
+		fmt.Sprintf("e%d", ev.Sequence),
+	}
+	if got := rec.Wait(t, 3); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("subscriber got %q, want %q", got, want)
+	}
+}
