@@ -278,11 +278,32 @@ func (s *Store) PruneTopic(ctx context.Context, topic string, through int64) (in
 func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut, h0 int64, lock func() func()) (int64, error) {
 	var deleted int64
 	for {
+		start := time.Now()
 		n, err := s.pruneTopicOnce(ctx, topic, edge, cut, h0, lock)
 		deleted += n
 		if err != nil || n < pruneBatch {
 			return deleted, err
 		}
+		if err := pruneYield(ctx, time.Since(start)); err != nil {
+			return deleted, err
+		}
+	}
+}
+
+// pruneYield pauses a long prune between two batches for as long as the
+// last one took (at most 50 ms): the write lock is then free at least half
+// the time, so appends queued behind a batch commit before the next, and
+// the prune's I/O and CPU leave room for the publishers' and readers'.
+// Measured (TestPruneTopicCost): back to back, 1M rows of one topic took
+// 15 s and raised publish p99 10–18×.
+func pruneYield(ctx context.Context, took time.Duration) error {
+	t := time.NewTimer(min(took, 50*time.Millisecond))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
