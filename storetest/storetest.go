@@ -53,6 +53,11 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func() replayd.Store)) {
 		{"WindowAndCountMatchModel", testWindowModel},
 		{"PruneByCount", testPruneByCount},
 		{"PruneByAge", testPruneByAge},
+		{"PruneTopicsByCount", testPruneTopicsByCount},
+		{"PruneTopicsByAge", testPruneTopicsByAge},
+		{"PruneTopicsMixedScope", testPruneTopicsMixedScope},
+		{"PruneTopicsInvalid", testPruneTopicsInvalid},
+		{"PruneTopic", testPruneTopic},
 		{"TwoStoresNoSkippedRows", testTwoStores},
 		{"SequenceFloor", testSequenceFloor},
 	} {
