@@ -86,10 +86,14 @@ func dsDo(t testing.TB, method, u string, header http.Header, body []byte) dsAns
 	return dsSend(t, req)
 }
 
-// dsSend sends req, bounded by waitFor, and reads its answer.
+// dsSend sends req, bounded by waitFor, and reads its answer. Redirects
+// are answers: they are not followed.
 func dsSend(t testing.TB, req *http.Request) dsAnswer {
 	t.Helper()
-	client := &http.Client{Timeout: 2 * waitFor}
+	client := &http.Client{
+		Timeout:       2 * waitFor,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
