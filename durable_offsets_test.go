@@ -3,8 +3,11 @@ package replayd
 import (
 	"fmt"
 	"net/http"
+	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/replayd/replayd/internal/sqlitetest"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -160,5 +163,36 @@ func TestDurableOffsetRetentionFork(t *testing.T) {
 	}
 	for _, off := range []string{pbase, o1} {
 		e.readGone(t, "a fork's offset retention deleted what follows", "f", off, "retention")
+	}
+}
+
+// A log restored in place from a backup under its running hub (SQLite's
+// online-backup API, as restore_test.go does it): the offsets of the lost
+// history are 410 unknown_offset, before and after the stream's next
+// append, which never reuses their sequences.
+func TestDurableOffsetRestoredLog(t *testing.T) {
+	e := newDSEnv(t, Options{}, nil)
+	e.dsCreate(t, "s", "application/json")
+	o1 := e.dsAppend(t, "s", "application/json", `"kept"`)
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	sqlitetest.VacuumInto(t, e.path, backup)
+	o2 := e.dsAppend(t, "s", "application/json", `"lost-1"`)
+	o3 := e.dsAppend(t, "s", "application/json", `"lost-2"`)
+	sqlitetest.RestoreInPlace(t, e.path, backup)
+	for _, off := range []string{o2, o3} {
+		e.readGone(t, "an offset of the lost history", "s", off, "unknown_offset")
+	}
+	o4 := e.dsAppend(t, "s", "application/json", `"after"`)
+	if seqOf(t, o4) <= seqOf(t, o3) {
+		t.Fatalf("the append after the restore got %s, at or below the lost history's %s", o4, o3)
+	}
+	for _, off := range []string{o2, o3} {
+		e.readGone(t, "an offset of the lost history, after an append", "s", off, "unknown_offset")
+	}
+	if a := e.dsRead(t, "s", o1); string(a.body) != `["after"]` {
+		t.Fatalf("read after the kept offset: %s", a.body)
+	}
+	if a := e.dsRead(t, "s", "-1"); strings.Contains(string(a.body), "lost") {
+		t.Fatalf("read from -1 after the restore: %s", a.body)
 	}
 }
