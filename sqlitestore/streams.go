@@ -39,19 +39,24 @@ func (s *Store) UpdateStreams(ctx context.Context, topics []string, fn func(stor
 		return fmt.Errorf("replayd: begin a stream transaction: %w", err)
 	}
 	defer tx.Rollback()
-	if err := fn(&streamTx{s: s, tx: tx}); err != nil {
+	st := &streamTx{s: s, tx: tx}
+	if err := fn(st); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("replayd: commit a stream transaction: %w", err)
 	}
+	// Committed: its sequences were issued, and a log restored in place
+	// under the store must not issue them again (guardHead).
+	s.saw(st.last)
 	return nil
 }
 
 // streamTx is a storage.StreamTx over a transaction of BeginTx.
 type streamTx struct {
-	s  *Store
-	tx *sql.Tx
+	s    *Store
+	tx   *sql.Tx
+	last int64 // the highest sequence Append gave in tx
 }
 
 func (t *streamTx) Stream(ctx context.Context, topic string) (storage.StreamRecord, bool, error) {
@@ -92,7 +97,13 @@ func (t *streamTx) Last(ctx context.Context, topic string) (int64, error) {
 }
 
 func (t *streamTx) Append(ctx context.Context, evs []storage.Event) ([]storage.AppendResult, error) {
-	return t.s.AppendTx(ctx, t.tx, evs)
+	res, err := t.s.AppendTx(ctx, t.tx, evs)
+	for _, r := range res {
+		if r.Err == nil && !r.Duplicate {
+			t.last = max(t.last, r.Event.Sequence)
+		}
+	}
+	return res, err
 }
 
 func getStream(ctx context.Context, q querier, topic string) (storage.StreamRecord, bool, error) {
