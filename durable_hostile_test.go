@@ -239,3 +239,51 @@ func TestDurableHostileManyStreams(t *testing.T) {
 		wantStatus(t, "GET "+p, dsDo(t, http.MethodGet, e.stream(p)+"?offset=-1", nil, nil), http.StatusNotFound, "data-")
 	}
 }
+
+// A fork's source and offset headers are read as strictly as a request's
+// path and offset: a source path that names another stream by traversal,
+// or an offset of another stream, never makes a fork of it.
+func TestDurableHostileForkHeaders(t *testing.T) {
+	e := newHostileEnv(t, DurableStreamsOptions{})
+	secretOff := e.dsRead(t, "secret", "-1").header.Get("Stream-Next-Offset")
+	for i, h := range []map[string]string{
+		{"Stream-Forked-From": "/v1/stream/a/../secret"},
+		{"Stream-Forked-From": "/v1/stream/a%2F..%2Fsecret"},
+		{"Stream-Forked-From": "/v1/stream//secret"},
+		{"Stream-Forked-From": "/other/secret"},
+		{"Stream-Forked-From": "secret"},
+		{"Stream-Forked-From": "/v1/stream/a", "Stream-Fork-Offset": ".."},
+		{"Stream-Forked-From": "/v1/stream/a", "Stream-Fork-Offset": "1e5"},
+		{"Stream-Forked-From": "/v1/stream/a", "Stream-Fork-Offset": "now"},
+		{"Stream-Forked-From": "/v1/stream/a", "Stream-Fork-Sub-Offset": "-1"},
+		{"Stream-Fork-Offset": "-1"},
+	} {
+		hdr := http.Header{"Content-Type": {"application/json"}}
+		for k, v := range h {
+			hdr.Set(k, v)
+		}
+		name := "fork" + strconv.Itoa(i)
+		a := dsDo(t, http.MethodPut, e.stream(name), hdr, nil)
+		want := http.StatusBadRequest
+		if strings.Contains(h["Stream-Forked-From"], "%") {
+			// The header is not percent-decoded: the stream of that
+			// literal name, which does not exist.
+			want = http.StatusNotFound
+		}
+		wantStatus(t, fmt.Sprint("PUT with ", h), a, want, dsSecret)
+		wantStatus(t, "GET of the refused fork "+name, dsDo(t, http.MethodGet, e.stream(name), nil, nil), http.StatusNotFound, dsSecret)
+	}
+	// A fork of a at an offset of secret's: not a position of a.
+	hdr := http.Header{"Content-Type": {"application/json"}, "Stream-Forked-From": {"/v1/stream/a"}, "Stream-Fork-Offset": {secretOff}}
+	a := dsDo(t, http.MethodPut, e.stream("forkx"), hdr, nil)
+	if a.status/100 == 2 {
+		if r := e.dsRead(t, "forkx", "-1"); strings.Contains(string(r.body), dsSecret) {
+			t.Fatalf("a fork of a at secret's offset reads secret's data: %s", r.body)
+		}
+		t.Fatalf("a fork of a at an offset of another stream: %v, want a refusal", a)
+	}
+	if a.status < 400 || strings.Contains(string(a.body), dsSecret) {
+		t.Fatalf("a fork of a at an offset of another stream: %v", a)
+	}
+	t.Logf("a fork at another stream's offset: %v", a)
+}
