@@ -287,3 +287,15 @@ func TestDurableHostileForkHeaders(t *testing.T) {
 	}
 	t.Logf("a fork at another stream's offset: %v", a)
 }
+
+// A method the protocol does not have is 405 with Allow.
+func TestDurableHostileMethods(t *testing.T) {
+	e := newHostileEnv(t, DurableStreamsOptions{})
+	for _, m := range []string{http.MethodPatch, http.MethodTrace, "PROPFIND", "get"} {
+		a := dsDo(t, m, e.stream("secret"), nil, nil)
+		wantStatus(t, m, a, http.StatusMethodNotAllowed, dsSecret)
+		if a.header.Get("Allow") == "" {
+			t.Fatalf("%s: 405 without Allow", m)
+		}
+	}
+}
