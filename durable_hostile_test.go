@@ -264,13 +264,7 @@ func TestDurableHostileForkHeaders(t *testing.T) {
 		}
 		name := "fork" + strconv.Itoa(i)
 		a := dsDo(t, http.MethodPut, e.stream(name), hdr, nil)
-		want := http.StatusBadRequest
-		if strings.Contains(h["Stream-Forked-From"], "%") {
-			// The header is not percent-decoded: the stream of that
-			// literal name, which does not exist.
-			want = http.StatusNotFound
-		}
-		wantStatus(t, fmt.Sprint("PUT with ", h), a, want, dsSecret)
+		wantStatus(t, fmt.Sprint("PUT with ", h), a, http.StatusBadRequest, dsSecret)
 		wantStatus(t, "GET of the refused fork "+name, dsDo(t, http.MethodGet, e.stream(name), nil, nil), http.StatusNotFound, dsSecret)
 	}
 	// A fork of a at an offset of secret's: not a position of a.
@@ -297,5 +291,26 @@ func TestDurableHostileMethods(t *testing.T) {
 		if a.header.Get("Allow") == "" {
 			t.Fatalf("%s: 405 without Allow", m)
 		}
+	}
+}
+
+// Stream-Forked-From is a path as the client writes it in a URL, so
+// percent-encoded as the request's own: a stream whose name needs
+// encoding can be forked with the path that reads it, and an encoded
+// slash is refused there as in a request's path.
+func TestDurableForkedFromEncoded(t *testing.T) {
+	e := newHostileEnv(t, DurableStreamsOptions{})
+	e.dsCreate(t, "a%20b", "application/json")
+	e.dsAppend(t, "a%20b", "application/json", `"spaced"`)
+	hdr := http.Header{"Content-Type": {"application/json"}, "Stream-Forked-From": {"/v1/stream/a%20b"}}
+	if a := dsDo(t, http.MethodPut, e.stream("f"), hdr, nil); a.status != http.StatusCreated {
+		t.Fatalf("fork of /v1/stream/a%%20b: %v", a)
+	}
+	if a := e.dsRead(t, "f", "-1"); string(a.body) != `["spaced"]` {
+		t.Fatalf("fork read: %s", a.body)
+	}
+	for _, from := range []string{"/v1/stream/a%2F..%2Fsecret", "/v1/stream/a%2fsecret", "/v1/stream/%ff", "/v1/stream/%zz", "/v1/stream/a/%2e%2e/secret"} {
+		hdr.Set("Stream-Forked-From", from)
+		wantStatus(t, "fork of "+from, dsDo(t, http.MethodPut, e.stream("g"), hdr, nil), http.StatusBadRequest, dsSecret)
 	}
 }
