@@ -45,7 +45,7 @@ func (h *Handler) parseFork(r *http.Request) (*forkReq, *refusal) {
 		}
 		return nil, nil
 	}
-	src, err := h.topicFromPath(from)
+	src, err := h.topicFromHeader(from)
 	if err != nil {
 		return nil, refuse(http.StatusBadRequest, "invalid Stream-Forked-From: a stream path under "+h.prefix)
 	}

@@ -3,6 +3,7 @@ package durable
 import (
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
 	"unicode/utf8"
 
@@ -25,8 +26,21 @@ func (h *Handler) topicOf(r *http.Request) (string, error) {
 	return h.topicFromPath(r.URL.Path)
 }
 
-// topicFromPath maps a path (a request's, or a Stream-Forked-From value)
-// to a topic.
+// topicFromHeader maps a path as a client writes it in a URL, percent-
+// encoded (a Stream-Forked-From value), to a topic, as topicOf maps a
+// request's: an encoded '/' is refused.
+func (h *Handler) topicFromHeader(raw string) (string, error) {
+	if strings.Contains(strings.ToLower(raw), "%2f") {
+		return "", errBadPath
+	}
+	path, err := url.PathUnescape(raw)
+	if err != nil {
+		return "", errBadPath
+	}
+	return h.topicFromPath(path)
+}
+
+// topicFromPath maps a decoded path to a topic.
 func (h *Handler) topicFromPath(path string) (string, error) {
 	name, ok := strings.CutPrefix(path, h.prefix)
 	if !ok || name == "" {

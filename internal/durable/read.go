@@ -81,7 +81,20 @@ func (h *Handler) readAt(ctx context.Context, topic string, kind offsetKind, seq
 	}
 	for i, sg := range segs {
 		if seq == sg.Lo {
-			return h.readFrom(ctx, topic, m, i, seq, nil, tail)
+			// A segment's start is a position, unless retention deleted
+			// what follows it: then 410, never the rest as if contiguous.
+			first := &page
+			if i != own {
+				probe, err := h.Store.ReadStream(ctx, storage.StreamReadRequest{Topic: sg.Topic, After: seq, Through: sg.Hi, Limit: pageEvents, MaxBytes: pageBytes})
+				if err != nil {
+					return nil, err
+				}
+				first = &probe
+			}
+			if first.Watermark > seq {
+				return nil, goneOffset(*first, seq)
+			}
+			return h.readFrom(ctx, topic, m, i, seq, first, tail)
 		}
 	}
 	for i, sg := range m.Chain {
