@@ -128,6 +128,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	latClients := fs.Int("lat-clients", 0, "clients of the latency phase (default: the size's; full: 1000)")
 	latTopics := fs.Int("lat-topics", 1, "topics the latency phase's clients are spread over, client i on topic i mod N; each topic is published at the phase's rate, so every client still receives that rate")
 	latRates := fs.String("lat-rates", "", "publish rates of the latency phase, events/s per topic, comma-separated (default: the size's; full: 100,1000)")
+	latDur := fs.Duration("lat-dur", 0, "length of each latency measurement (one raw, one hub per rate) (default: the size's; full: 5s)")
 	modes := fs.String("c100k-modes", "raw,hub,detach", "servers measured by the c100k phases, in order (c100k-multi skips raw)")
 	err := fs.Parse(args)
 	if err != nil {
@@ -167,6 +168,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *latClients > 0 {
 		cfg.LatClients = *latClients
+	}
+	if *latDur > 0 {
+		cfg.LatDur = *latDur
 	}
 	if *latTopics < 1 {
 		return fmt.Errorf("bad -lat-topics %d", *latTopics)
