@@ -10,6 +10,8 @@
 //
 //	go run ./cmd/replayd-bench           # full sizes, about five minutes with c100k
 //	go run ./cmd/replayd-bench -quick    # small sizes, well under a minute
+//	go run ./cmd/replayd-bench -phases latency -lat-clients 2000 -lat-topics 4 -lat-rates 100
+//	                                     # the latency phase alone, varied
 //
 // The orchestrator (this process) hosts the clients; it spawns its own
 // executable in the server role (one fresh server process, and database,
@@ -55,6 +57,7 @@ type config struct {
 	FanoutClients []int         // clients per fan-out measurement
 	FanoutFrames  int           // frames to deliver per fan-out measurement
 	LatClients    int           // clients in the latency phases
+	LatTopics     int           // topics the latency phase's clients are spread over (0, 1: one)
 	LatRates      []int         // events/s
 	LatDur        time.Duration // per latency measurement
 	IdleClients   int           // idle connections for memory
@@ -122,8 +125,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	tail := fs.Duration("tail-interval", 0, "StartTail interval of the tail and c100k-multi phases (default: the size's)")
 	procs := fs.Int("procs", 0, "server processes (and as many client processes) in the c100k-multi phase (default: the size's; full: as few as the open-file limit allows)")
 	fanout := fs.String("fanout-clients", "", "client counts of the fan-out phase, comma-separated (default: the size's)")
+	latClients := fs.Int("lat-clients", 0, "clients of the latency phase (default: the size's; full: 1000)")
+	latTopics := fs.Int("lat-topics", 1, "topics the latency phase's clients are spread over, client i on topic i mod N; each topic is published at the phase's rate, so every client still receives that rate")
+	latRates := fs.String("lat-rates", "", "publish rates of the latency phase, events/s per topic, comma-separated (default: the size's; full: 100,1000)")
+	latDur := fs.Duration("lat-dur", 0, "length of each latency measurement (one raw, one hub per rate) (default: the size's; full: 5s)")
 	modes := fs.String("c100k-modes", "raw,hub,detach", "servers measured by the c100k phases, in order (c100k-multi skips raw)")
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	if err != nil {
 		return err
 	}
 	if *quick {
@@ -154,13 +162,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.C100k.Modes = strings.Split(*modes, ",")
 	if *fanout != "" {
-		cfg.FanoutClients = nil
-		for _, f := range strings.Split(*fanout, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n <= 0 {
-				return fmt.Errorf("bad -fanout-clients %q", *fanout)
-			}
-			cfg.FanoutClients = append(cfg.FanoutClients, n)
+		if cfg.FanoutClients, err = positiveInts(*fanout); err != nil {
+			return fmt.Errorf("bad -fanout-clients %q", *fanout)
+		}
+	}
+	if *latClients > 0 {
+		cfg.LatClients = *latClients
+	}
+	if *latDur > 0 {
+		cfg.LatDur = *latDur
+	}
+	if *latTopics < 1 {
+		return fmt.Errorf("bad -lat-topics %d", *latTopics)
+	}
+	cfg.LatTopics = *latTopics
+	if *latRates != "" {
+		if cfg.LatRates, err = positiveInts(*latRates); err != nil {
+			return fmt.Errorf("bad -lat-rates %q", *latRates)
 		}
 	}
 	raiseFileLimit()
@@ -198,6 +216,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%d measurement(s) failed", b.failed)
 	}
 	return nil
+}
+
+// positiveInts parses a comma-separated list of positive integers.
+func positiveInts(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad number %q", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func (b *bench) phase(ctx context.Context, name string) error {

@@ -315,22 +315,31 @@ func (b *bench) fanoutWith(ctx context.Context, mode string, n, events, conc int
 // latencyPhase: N clients, the server publishes at a fixed rate for a
 // while, each payload stamped with the wall clock just before its Publish;
 // a client's latency is its receipt time minus the stamp. Replayd runs with
-// its default slow-consumer cap (1 MiB).
+// its default slow-consumer cap (1 MiB). With LatTopics = T > 1 the clients
+// are spread over T topics (client i on lat-(i mod T)) and each topic gets
+// the rate, so every client still receives rate events/s and the server
+// publishes T × rate events/s in all, round-robin over the topics; the raw
+// ceiling routes by topic too (raw.go).
 func (b *bench) latencyPhase(ctx context.Context) error {
+	n, topics := b.cfg.LatClients, max(b.cfg.LatTopics, 1)
 	for _, rate := range b.cfg.LatRates {
 		events := int(float64(rate) * b.cfg.LatDur.Seconds())
 		var res [2]latency
 		for i, mode := range []string{"raw", "hub"} {
 			err := b.withDeadline(ctx, func(ctx context.Context) error {
 				var err error
-				res[i], err = b.latencyOnce(ctx, mode, b.cfg.LatClients, rate, events)
+				res[i], err = b.latencyOnce(ctx, mode, n, topics, rate, events)
 				return err
 			})
 			if err != nil {
 				res[i].err = err
 			}
 		}
-		r := row{Figure: fmt.Sprintf("latency, %s clients × %s events/s for %v", num(float64(b.cfg.LatClients)), num(float64(rate)), b.cfg.LatDur),
+		clients := num(float64(n)) + " clients"
+		if topics > 1 {
+			clients += fmt.Sprintf(" over %d topics", topics)
+		}
+		r := row{Figure: fmt.Sprintf("latency, %s × %s events/s for %v", clients, num(float64(rate)), b.cfg.LatDur),
 			Replayd: res[1].String(), Raw: "raw ceiling: " + res[0].String()}
 		if res[0].err == nil && res[1].err == nil {
 			x, s := ratio(float64(res[1].p99), float64(res[0].p99))
@@ -339,7 +348,7 @@ func (b *bench) latencyPhase(ctx context.Context) error {
 			case 100:
 				r.Target, r.Status = "p99 ≤ 1.5× raw", status(x <= 1.5)
 			case 1000:
-				sustained := res[1].published >= 0.98*float64(rate) && res[1].complete
+				sustained := res[1].published >= 0.98*float64(rate*topics) && res[1].complete
 				r.Target, r.Status = "1,000 events/s sustained", status(sustained)
 			}
 		}
@@ -350,7 +359,7 @@ func (b *bench) latencyPhase(ctx context.Context) error {
 
 type latency struct {
 	p50, p99, max uint64  // µs
-	published     float64 // achieved publish rate, events/s
+	published     float64 // achieved publish rate, events/s, all topics
 	delivered     float64 // events/s each client received, first publish to last receipt
 	complete      bool    // every client got every event
 	note          string
@@ -368,14 +377,21 @@ func (l latency) String() string {
 	return s
 }
 
-func (b *bench) latencyOnce(ctx context.Context, mode string, n, rate, events int) (latency, error) {
+// latencyOnce is one latency measurement on a fresh server of mode: n
+// clients spread over topics topics, each topic published events times at
+// rate events/s.
+func (b *bench) latencyOnce(ctx context.Context, mode string, n, topics, rate, events int) (latency, error) {
 	var out latency
 	srv, err := b.server(ctx, mode, 0, -1)
 	if err != nil {
 		return out, err
 	}
 	defer srv.stop()
-	f, err := dialFleet(ctx, srv.addr, n, 200, func(int) string { return "/events?topic=lat" }, nil, 0)
+	path := func(int) string { return "/events?topic=lat" }
+	if topics > 1 {
+		path = func(i int) string { return fmt.Sprintf("/events?topic=lat-%d", i%topics) }
+	}
+	f, err := dialFleet(ctx, srv.addr, n, 200, path, nil, 0)
 	if err != nil {
 		return out, err
 	}
@@ -387,7 +403,7 @@ func (b *bench) latencyOnce(ctx context.Context, mode string, n, rate, events in
 		conc = 1
 	}
 	var pr publishResult
-	if err := srv.ctl(ctx, fmt.Sprintf("/ctl/publish?n=%d&rate=%d&conc=%d&topic=lat", events, rate, conc), &pr); err != nil {
+	if err := srv.ctl(ctx, fmt.Sprintf("/ctl/publish?n=%d&rate=%d&conc=%d&topic=lat&topics=%d", events*topics, rate*topics, conc, topics), &pr); err != nil {
 		return out, err
 	}
 	if pr.Errors > 0 {
@@ -411,7 +427,7 @@ func (b *bench) latencyOnce(ctx context.Context, mode string, n, rate, events in
 	// The last of n paced publishes starts (n-1)/rate after the first:
 	// count the run as n/rate at least, so pacing alone never reads as
 	// faster than the rate.
-	elapsed := max(float64(pr.EndNanos-pr.StartNanos)/1e9, float64(pr.Published)/float64(rate))
+	elapsed := max(float64(pr.EndNanos-pr.StartNanos)/1e9, float64(pr.Published)/float64(rate*topics))
 	out.published = float64(pr.Published) / elapsed
 	if last := f.lastReached(); out.complete && last > pr.StartNanos {
 		out.delivered = float64(events) / (float64(last-pr.StartNanos) / 1e9)

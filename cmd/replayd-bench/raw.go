@@ -12,29 +12,35 @@ import (
 // once and appends it to every client's queue; each client's handler
 // goroutine drains everything queued into one write and one flush (the same
 // coalescing replayd's streams do). Queues are unbounded.
+//
+// Topics are as cheap as they can be: a client names one with ?topic= (or
+// none: it gets everything), and a publish on a topic reaches that topic's
+// clients and those with none; a publish on "" reaches every client.
 type rawHub struct {
 	mu      sync.Mutex // guards seq and clients, and orders publishes
 	seq     int64
-	clients map[*rawClient]struct{}
-	done    chan struct{} // closed by close
+	clients map[string]map[*rawClient]struct{} // by the client's topic
+	done    chan struct{}                      // closed by close
 	once    sync.Once
 }
 
 type rawClient struct {
-	wake chan struct{}
+	topic string
+	wake  chan struct{}
 
 	mu    sync.Mutex // guards queue
 	queue [][]byte
 }
 
 func newRawHub() *rawHub {
-	return &rawHub{clients: make(map[*rawClient]struct{}), done: make(chan struct{})}
+	return &rawHub{clients: make(map[string]map[*rawClient]struct{}), done: make(chan struct{})}
 }
 
 func (h *rawHub) close() { h.once.Do(func() { close(h.done) }) }
 
-// publish sends payload to every client as one SSE event frame.
-func (h *rawHub) publish(payload []byte) {
+// publish sends payload as one SSE event frame to every client of topic
+// ("": to every client).
+func (h *rawHub) publish(topic string, payload []byte) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.seq++
@@ -44,13 +50,18 @@ func (h *rawHub) publish(payload []byte) {
 	frame = append(frame, "\nevent: message\ndata: "...)
 	frame = append(frame, payload...)
 	frame = append(frame, "\n\n"...)
-	for c := range h.clients {
-		c.mu.Lock()
-		c.queue = append(c.queue, frame)
-		c.mu.Unlock()
-		select {
-		case c.wake <- struct{}{}:
-		default:
+	for t, set := range h.clients {
+		if topic != "" && t != "" && t != topic {
+			continue
+		}
+		for c := range set {
+			c.mu.Lock()
+			c.queue = append(c.queue, frame)
+			c.mu.Unlock()
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -58,7 +69,11 @@ func (h *rawHub) publish(payload []byte) {
 func (h *rawHub) count() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.clients)
+	n := 0
+	for _, set := range h.clients {
+		n += len(set)
+	}
+	return n
 }
 
 func (h *rawHub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -66,14 +81,19 @@ func (h *rawHub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr := w.Header()
 	hdr.Set("Content-Type", "text/event-stream; charset=utf-8")
 	hdr.Set("Cache-Control", "no-cache, no-transform")
-	c := &rawClient{wake: make(chan struct{}, 1)}
+	c := &rawClient{topic: r.URL.Query().Get("topic"), wake: make(chan struct{}, 1)}
 	h.mu.Lock()
-	h.clients[c] = struct{}{}
+	set := h.clients[c.topic]
+	if set == nil {
+		set = make(map[*rawClient]struct{})
+		h.clients[c.topic] = set
+	}
+	set[c] = struct{}{}
 	seq := h.seq
 	h.mu.Unlock()
 	defer func() {
 		h.mu.Lock()
-		delete(h.clients, c)
+		delete(set, c)
 		h.mu.Unlock()
 	}()
 	b := strconv.AppendInt([]byte("id: "), seq, 10)

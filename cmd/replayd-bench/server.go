@@ -237,26 +237,34 @@ var padding = strings.Repeat("x", 84)
 
 // handlePublish publishes n events to topic on conc goroutines, at rate
 // events/s (0: as fast as they go), and answers when all are published.
+// With topics=T > 1 the events go round-robin to topic-0 … topic-(T-1)
+// (event i to topic-(i mod T)) instead of topic.
 func (s *server) handlePublish(w http.ResponseWriter, r *http.Request) {
 	n := int64(queryInt(r, "n", 1))
 	rate := queryInt(r, "rate", 0)
 	conc := max(1, queryInt(r, "conc", 1))
-	topic := r.URL.Query().Get("topic")
+	names := []string{r.URL.Query().Get("topic")}
+	if t := queryInt(r, "topics", 1); t > 1 {
+		names = make([]string, t)
+		for k := range names {
+			names[k] = fmt.Sprintf("%s-%d", r.URL.Query().Get("topic"), k)
+		}
+	}
 	ctx := r.Context()
 
-	var publish func(payload []byte) error
+	var publish func(topic string, payload []byte) error
 	if s.hub != nil {
-		publish = func(p []byte) error {
+		publish = func(topic string, p []byte) error {
 			_, err := s.hub.Publish(ctx, topic, json.RawMessage(p))
 			return err
 		}
 	} else {
-		publish = func(p []byte) error { s.raw.publish(p); return nil }
+		publish = func(topic string, p []byte) error { s.raw.publish(topic, p); return nil }
 	}
 	var res publishResult
 	var published, failed atomic.Int64
 	var errOnce sync.Once
-	tokens := make(chan struct{}, 1024)
+	tokens := make(chan string, 1024) // each event's topic
 	start := time.Now()
 	res.StartNanos = start.UnixNano()
 	go func() {
@@ -272,7 +280,7 @@ func (s *server) handlePublish(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 			select {
-			case tokens <- struct{}{}:
+			case tokens <- names[i%int64(len(names))]:
 			case <-ctx.Done():
 				return
 			}
@@ -284,9 +292,9 @@ func (s *server) handlePublish(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer wg.Done()
 			var buf []byte
-			for range tokens {
+			for topic := range tokens {
 				buf = stampedPayload(buf)
-				if err := publish(buf); err != nil {
+				if err := publish(topic, buf); err != nil {
 					failed.Add(1)
 					errOnce.Do(func() { res.FirstErr = err.Error() })
 					continue
