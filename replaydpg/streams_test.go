@@ -3,9 +3,12 @@ package replaydpg
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -105,5 +108,51 @@ func TestStreamsRollbackKeepsFloor(t *testing.T) {
 	next := mustAppend(t, s, ev("rb-3", "s", `3`))[0].Event
 	if next.Sequence != h+1 {
 		t.Fatalf("the append after a rolled-back stream transaction got %d, want %d", next.Sequence, h+1)
+	}
+}
+
+// fn runs again after a serialisation failure or a deadlock (here fn's
+// own, as a statement of its transaction would return it), with nothing
+// of the failed call stored, and only then; at most streamRetries times
+// more.
+func TestStreamsRetry(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	s, _ := openTestStore(t)
+	calls := 0
+	err := s.UpdateStreams(ctx, []string{"s"}, func(tx storage.StreamTx) error {
+		calls++
+		if _, err := tx.Append(ctx, []storage.Event{ev(fmt.Sprintf("retry-%d", calls), "s", `1`)}); err != nil {
+			return err
+		}
+		if err := tx.PutStream(ctx, storage.StreamRecord{Topic: "s", Meta: []byte(strconv.Itoa(calls))}); err != nil {
+			return err
+		}
+		if calls < 3 {
+			return fmt.Errorf("wrapped: %w", &pgconn.PgError{Severity: "ERROR", Code: []string{"40001", "40P01"}[calls-1]})
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Fatalf("UpdateStreams: %v after %d calls, want nil after 3", err, calls)
+	}
+	p, err := s.ReadStream(ctx, storage.StreamReadRequest{Topic: "s"})
+	if err != nil || !p.Found || string(p.Record.Meta) != "3" || len(p.Events) != 1 || p.Events[0].EventID != "retry-3" {
+		t.Fatalf("ReadStream: %+v, %v", p, err)
+	}
+	calls = 0
+	err = s.UpdateStreams(ctx, []string{"s"}, func(tx storage.StreamTx) error {
+		calls++
+		return &pgconn.PgError{Severity: "ERROR", Code: "40001"}
+	})
+	if !retryable(err) || calls != streamRetries+1 {
+		t.Fatalf("UpdateStreams always failing: %v after %d calls, want a serialisation failure after %d", err, calls, streamRetries+1)
+	}
+	calls = 0
+	err = s.UpdateStreams(ctx, []string{"s"}, func(tx storage.StreamTx) error {
+		calls++
+		return &pgconn.PgError{Severity: "ERROR", Code: "23505"}
+	})
+	if err == nil || calls != 1 {
+		t.Fatalf("UpdateStreams failing otherwise: %v after %d calls, want 1", err, calls)
 	}
 }

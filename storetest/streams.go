@@ -66,12 +66,12 @@ func txAppend(ctx context.Context, tx storage.StreamTx, evs ...replayd.Event) ([
 		return nil, err
 	}
 	if len(res) != len(evs) {
-		return nil, fmt.Errorf("Append: %d results for %d events", len(res), len(evs))
+		return nil, fmt.Errorf("tx.Append: %d results for %d events", len(res), len(evs))
 	}
 	out := make([]replayd.Event, len(res))
 	for i, r := range res {
 		if r.Err != nil || r.Duplicate {
-			return nil, fmt.Errorf("Append: event %d (%s): %+v", i, evs[i].EventID, r)
+			return nil, fmt.Errorf("tx.Append: event %d (%s): %+v", i, evs[i].EventID, r)
 		}
 		out[i] = r.Event
 	}
@@ -139,13 +139,13 @@ func testStreamsRoundTrip(t *testing.T, open func() replayd.Store) {
 	ctx := ctxT(t)
 	update(t, ss, []string{"a", "b"}, func(tx storage.StreamTx) error {
 		if _, found, err := tx.Stream(ctx, "a"); err != nil || found {
-			return fmt.Errorf("Stream of a topic without one: %v, %v", found, err)
+			return fmt.Errorf("tx.Stream of a topic without one: %v, %v", found, err)
 		}
 		if _, found, err := tx.Producer(ctx, "a", "p"); err != nil || found {
-			return fmt.Errorf("Producer never put: %v, %v", found, err)
+			return fmt.Errorf("tx.Producer never put: %v, %v", found, err)
 		}
 		if last, err := tx.Last(ctx, "a"); err != nil || last != 0 {
-			return fmt.Errorf("Last of a topic without events: %d, %v", last, err)
+			return fmt.Errorf("tx.Last of a topic without events: %d, %v", last, err)
 		}
 		for _, rec := range []storage.StreamRecord{{Topic: "a", Meta: []byte("a1")}, {Topic: "a", Meta: []byte("a2"), ExpiresAt: 7}, {Topic: "b", Meta: []byte("b1"), ExpiresAt: 9}} {
 			if err := tx.PutStream(ctx, rec); err != nil {
@@ -154,7 +154,7 @@ func testStreamsRoundTrip(t *testing.T, open func() replayd.Store) {
 		}
 		rec, found, err := tx.Stream(ctx, "a")
 		if err != nil || !found || string(rec.Meta) != "a2" || rec.ExpiresAt != 7 || rec.Topic != "a" {
-			return fmt.Errorf("Stream after two PutStreams: %+v, %v, %v", rec, found, err)
+			return fmt.Errorf("tx.Stream after two PutStreams: %+v, %v, %v", rec, found, err)
 		}
 		for _, p := range []struct{ topic, id, state string }{{"a", "p", "1"}, {"a", "p", "2"}, {"a", "q", "q1"}, {"b", "p", "b"}} {
 			if err := tx.PutProducer(ctx, p.topic, p.id, []byte(p.state)); err != nil {
@@ -163,7 +163,7 @@ func testStreamsRoundTrip(t *testing.T, open func() replayd.Store) {
 		}
 		state, found, err := tx.Producer(ctx, "a", "p")
 		if err != nil || !found || string(state) != "2" {
-			return fmt.Errorf("Producer after two PutProducers: %q, %v, %v", state, found, err)
+			return fmt.Errorf("tx.Producer after two PutProducers: %q, %v, %v", state, found, err)
 		}
 		return nil
 	})
@@ -171,24 +171,24 @@ func testStreamsRoundTrip(t *testing.T, open func() replayd.Store) {
 	before := appendAll(t, s, ev("l1", "a", 5), ev("l2", "b", 5), ev("l3", "", 5))
 	update(t, ss, []string{"a"}, func(tx storage.StreamTx) error {
 		if last, err := tx.Last(ctx, "a"); err != nil || last != before[0].Sequence {
-			return fmt.Errorf("Last of a: %d, %v; want %d", last, err, before[0].Sequence)
+			return fmt.Errorf("tx.Last of a: %d, %v; want %d", last, err, before[0].Sequence)
 		}
 		evs, err := txAppend(ctx, tx, ev("l4", "a", 5), ev("l5", "", 5))
 		if err != nil {
 			return err
 		}
 		if last, err := tx.Last(ctx, "a"); err != nil || last != evs[0].Sequence {
-			return fmt.Errorf("Last of a after an Append in the transaction: %d, %v; want %d", last, err, evs[0].Sequence)
+			return fmt.Errorf("tx.Last of a after an Append in the transaction: %d, %v; want %d", last, err, evs[0].Sequence)
 		}
 		return tx.DeleteStream(ctx, "a")
 	})
 	update(t, ss, []string{"a", "b"}, func(tx storage.StreamTx) error {
 		if _, found, err := tx.Stream(ctx, "a"); err != nil || found {
-			return fmt.Errorf("Stream after DeleteStream: %v, %v", found, err)
+			return fmt.Errorf("tx.Stream after DeleteStream: %v, %v", found, err)
 		}
 		for _, id := range []string{"p", "q"} {
 			if _, found, err := tx.Producer(ctx, "a", id); err != nil || found {
-				return fmt.Errorf("Producer %s after DeleteStream: %v, %v", id, found, err)
+				return fmt.Errorf("tx.Producer %s after DeleteStream: %v, %v", id, found, err)
 			}
 		}
 		if rec, found, err := tx.Stream(ctx, "b"); err != nil || !found || string(rec.Meta) != "b1" || rec.ExpiresAt != 9 {
@@ -199,7 +199,7 @@ func testStreamsRoundTrip(t *testing.T, open func() replayd.Store) {
 		}
 		// The topic's events stay.
 		if last, err := tx.Last(ctx, "a"); err != nil || last == 0 {
-			return fmt.Errorf("Last after DeleteStream: %d, %v", last, err)
+			return fmt.Errorf("tx.Last after DeleteStream: %d, %v", last, err)
 		}
 		return nil
 	})
