@@ -171,8 +171,26 @@ func (s *Store) Append(ctx context.Context, evs []storage.Event) ([]AppendResult
 // (sendAppend; the relay's sends it inside its own transaction).
 type sender func(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error
 
-// appendVia is Append, its pipelines sent by send.
+// appendVia is Append, its pipelines sent by send, which commits them.
 func (s *Store) appendVia(ctx context.Context, evs []storage.Event, send sender) ([]AppendResult, error) {
+	res, err := s.appendRows(ctx, evs, send)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range res {
+		if r.Err == nil {
+			s.saw(r.Event.Sequence)
+		}
+	}
+	return res, nil
+}
+
+// appendRows is appendVia without raising s.issued: for a sender whose
+// transaction may still roll back (a stream transaction's, streams.go),
+// whose caller raises it once the transaction committed. An issued above
+// a head that never reached it would read as a log replaced under the
+// store (floorGuard).
+func (s *Store) appendRows(ctx context.Context, evs []storage.Event, send sender) ([]AppendResult, error) {
 	res := make([]AppendResult, len(evs))
 	var (
 		idx                  []int // res index of each row sent
@@ -224,9 +242,6 @@ func (s *Store) appendVia(ctx context.Context, evs []storage.Event, send sender)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: append: %w", err)
-	}
-	for _, i := range idx {
-		s.saw(res[i].Event.Sequence)
 	}
 	for _, i := range repeats {
 		res[i].Event, res[i].Duplicate = res[first[evs[i].EventID]].Event, true

@@ -115,6 +115,19 @@
 // and only if the application's transaction commits, exactly once, and
 // that transaction takes no lock a publisher or reader waits for.
 //
+// # Durable Streams
+//
+// Store is a storage.StreamStore (streams.go): a stream's record and its
+// producers' states live in prefix+"streams" and prefix+"stream_producers"
+// and commit with the stream's events in one transaction. UpdateStreams
+// serialises per topic over every node with transaction-level advisory
+// locks (one per topic, in key order, so no two transactions deadlock)
+// and appends through Append's own statements under the head row's lock,
+// so sequence order stays visibility order and the commit's NOTIFY wakes
+// every node's tail as any append does. fn runs again after a
+// serialisation failure or a deadlock the server reports (at most five
+// times).
+//
 // # Readiness
 //
 // ProbeWrite, which EventHub.Ready calls, answers "could a publish get

@@ -118,7 +118,7 @@ var (
 // Open. Each statement's text (its q constant, written with %[1]s for the
 // prefix) lives beside the code that runs it, with the reasons for its
 // shape; this is their index. A statement that names no table needs no
-// rendering: qTxStatus is held here as it is, and qProbe, qRelayLock,
+// rendering: qTxStatus is held here as it is, and qProbe, qRelayLock, qStreamLock,
 // qBeginSnapshot and qSchemaColumns are run as they are; ensureSchema
 // renders the schema's DDL itself.
 type queries struct {
@@ -132,6 +132,9 @@ type queries struct {
 	prune                                                topicPruneQueries
 	txPublish, txStored                                  string // outbox.go
 	txStatus, outboxAny, outboxTake, outboxDelete        string // relay.go
+	streamGet, streamPut, streamDelete                   string // streams.go
+	producerGet, producerPut                             string
+	streamWatermark, streamLast, streamAt, streamPage    string
 }
 
 // newQueries renders the statements for the table prefix p.
@@ -148,6 +151,10 @@ func newQueries(p string) queries {
 		pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p), prune: newTopicPruneQueries(p),
 		txPublish: render(qTxPublish, p), txStored: render(qTxStored, p), outboxAny: render(qOutboxAny, p),
 		outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p), txStatus: qTxStatus,
+		streamGet: render(qStreamGet, p), streamPut: render(qStreamPut, p), streamDelete: render(qStreamDelete, p),
+		producerGet: render(qProducerGet, p), producerPut: render(qProducerPut, p),
+		streamWatermark: render(qStreamWatermark, p), streamLast: render(qStreamLast, p),
+		streamAt: render(qStreamAt, p), streamPage: render(qStreamPage, p),
 	}
 }
 

@@ -109,6 +109,11 @@ func TestQueryPlans(t *testing.T) {
 					{"page global", s.q.pageGlobal, []any{cursor, int64(math.MaxInt64), limit, int64(math.MaxInt64)}, 1},
 					{"page global, bounded", s.q.pageGlobal, []any{cursor, head - 5, limit, 20}, 1},
 					{"page global, wide", s.q.pageGlobal, []any{cursor, head, wide, int64(math.MaxInt64)}, 20},
+					// ReadStream's: one topic, no broadcasts.
+					{"stream page", s.q.streamPage, []any{topics[0], cursor, int64(math.MaxInt64), limit, int64(math.MaxInt64)}, 1},
+					{"stream page, bounded", s.q.streamPage, []any{topics[0], cursor, head - 5, limit, 20}, 1},
+					{"stream last", s.q.streamLast, []any{topics[0]}, 1},
+					{"stream at", s.q.streamAt, []any{topics[0], cursor}, 1},
 				} {
 					var out []byte
 					// plan_cache_mode applies to a statement PREPAREd on
@@ -130,6 +135,8 @@ func TestQueryPlans(t *testing.T) {
 						switch a := a.(type) {
 						case []string:
 							params[i] = "ARRAY['" + strings.Join(a, "', '") + "']"
+						case string:
+							params[i] = "'" + a + "'"
 						default:
 							params[i] = fmt.Sprint(a)
 						}

@@ -28,6 +28,8 @@ import (
 //     sequences strictly between after and through were never issued.
 //   - p+"outbox": events published inside an application's transaction,
 //     until the relay moves them into p+"events" (outbox.go, relay.go).
+//   - p+"streams", p+"stream_producers": Durable Streams' state
+//     (storage.StreamStore, streams.go), bytes the hub encodes.
 //
 // One index on (topic, sequence) serves every group, broadcasts (NULL)
 // included: a scope's reads are one index range scan per group, merged by
@@ -75,6 +77,19 @@ var schema = []string{
 		type     text   NOT NULL,
 		topic    text,
 		payload  text   NOT NULL
+	)`,
+	// Durable Streams' state (streams.go): a record per stream, opaque to
+	// the store, and the state of each idempotent producer of a stream.
+	`CREATE TABLE IF NOT EXISTS %[1]sstreams (
+		topic      text   PRIMARY KEY,
+		meta       bytea  NOT NULL,
+		expires_at bigint NOT NULL -- Unix milliseconds; 0: never
+	)`,
+	`CREATE TABLE IF NOT EXISTS %[1]sstream_producers (
+		topic    text  NOT NULL,
+		producer text  NOT NULL,
+		state    bytea NOT NULL,
+		PRIMARY KEY (topic, producer)
 	)`,
 }
 

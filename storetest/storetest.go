@@ -60,6 +60,11 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func() replayd.Store)) {
 		{"PruneTopic", testPruneTopic},
 		{"TwoStoresNoSkippedRows", testTwoStores},
 		{"SequenceFloor", testSequenceFloor},
+		{"StreamsAtomic", testStreamsAtomic},
+		{"StreamsRoundTrip", testStreamsRoundTrip},
+		{"StreamsAppendVisibility", testStreamsAppendVisibility},
+		{"StreamsRead", testStreamsRead},
+		{"StreamsSerialised", testStreamsSerialised},
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			open := newLog(t)

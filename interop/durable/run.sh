@@ -10,6 +10,11 @@
 #                               file-backed in DIR, on a free port
 #   run.sh --replayd            `replayd serve` built from this tree, on a
 #                               fresh SQLite file, on a free port
+#   run.sh --replayd-pg [DSN]   two `replayd serve --postgres DSN
+#                               --streams-dev` nodes on a fresh table prefix
+#                               (DSN: $REPLAYD_PG_DSN, as .ci/pg.sh exports
+#                               it) behind rrproxy, which sends each request
+#                               to the other node from the one before
 #
 # Anything after `--` goes to vitest (e.g. `-- -t "JSON Mode"`). Installs
 # the locked dependencies with `npm ci` when node_modules is missing or
@@ -23,11 +28,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 export PATH="$PATH:/usr/local/go/bin"
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 mode=$1; shift
 refdir=
 if [ "$mode" = --reference ] && [ $# -ge 1 ] && [ "$1" != -- ]; then refdir=$1; shift; fi
+pgdsn=${REPLAYD_PG_DSN:-}
+if [ "$mode" = --replayd-pg ] && [ $# -ge 1 ] && [ "$1" != -- ]; then pgdsn=$1; shift; fi
 if [ $# -ge 1 ] && [ "$1" = -- ]; then shift; fi
 case "$mode" in -h | --help) usage ;; esac
 
@@ -43,8 +50,9 @@ fi
 
 tmp=$(mktemp -d)
 pid=
+pids=() # every process started, pid among them
 cleanup() {
-  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -72,6 +80,7 @@ case "$mode" in
   port=$(freeport)
   node reference.mjs "$port" ${refdir:+"$refdir"} >"$tmp/server.log" 2>&1 &
   pid=$!
+  pids+=("$pid")
   url="http://127.0.0.1:$port"
   waitfor "$url/" "$tmp/server.log"
   ;;
@@ -83,8 +92,36 @@ case "$mode" in
   "$tmp/replayd" serve --listen "127.0.0.1:$port" --db "$tmp/replayd.db" \
     ${REPLAYD_SERVE_FLAGS:-} >"$tmp/server.log" 2>&1 &
   pid=$!
+  pids+=("$pid")
   url="http://127.0.0.1:$port"
   waitfor "$url/healthz" "$tmp/server.log"
+  ;;
+--replayd-pg)
+  [ -n "$pgdsn" ] || { echo "run.sh: --replayd-pg needs a DSN (or REPLAYD_PG_DSN: source .ci/pg.sh)" >&2; exit 2; }
+  echo "== go build ./cmd/replayd ./durable/rrproxy"
+  (cd "$root" && go build -o "$tmp/replayd" ./cmd/replayd)
+  (cd "$root/interop" && go build -o "$tmp/rrproxy" ./durable/rrproxy)
+  # A fresh prefix: the suite expects an empty log. Its tables stay (the
+  # cluster .ci/pg.sh starts is thrown away).
+  prefix="ds$(date +%s)_$$_"
+  upstreams=()
+  for n in 1 2; do
+    port=$(freeport)
+    # shellcheck disable=SC2086 # REPLAYD_SERVE_FLAGS is split on purpose
+    "$tmp/replayd" serve --listen "127.0.0.1:$port" --postgres "$pgdsn" \
+      --postgres-table-prefix "$prefix" --streams-dev \
+      ${REPLAYD_SERVE_FLAGS:-} >"$tmp/node$n.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    waitfor "http://127.0.0.1:$port/healthz" "$tmp/node$n.log"
+    upstreams+=("http://127.0.0.1:$port")
+  done
+  port=$(freeport)
+  "$tmp/rrproxy" -listen "127.0.0.1:$port" "${upstreams[@]}" >"$tmp/proxy.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  url="http://127.0.0.1:$port"
+  waitfor "$url/healthz" "$tmp/proxy.log"
   ;;
 -*) usage ;;
 *) url=$mode ;;
