@@ -313,10 +313,7 @@ func (s *Store) Count(ctx context.Context, scope []string, after, before int64) 
 	if err != nil {
 		return 0, err
 	}
-	// The global scope's ordinals have holes below the hole mark (topics
-	// pruned apart, prune.go): there the rows are counted one by one, and
-	// by ordinals above it.
-	count, args := s.q.prune.countGlobalAbove, []any{}
+	count, args := s.q.countGlobal, []any{}
 	if len(topics) > 0 {
 		count, args = s.q.countTopics, []any{topics}
 	}
@@ -324,27 +321,18 @@ func (s *Store) Count(ctx context.Context, scope []string, after, before int64) 
 	b.Queue(qBeginSnapshot)
 	b.Queue(count, append(args, after)...)
 	b.Queue(count, append(args, before-1)...)
-	if len(topics) == 0 {
-		b.Queue(s.q.prune.countBelowHole, after, before)
-	}
 	b.Queue("COMMIT")
-	var above, atOrAbove, below, first int64
+	var above, atOrAbove, first int64
 	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
 		if err := br.QueryRow().Scan(&above, &first); err != nil {
 			return err
 		}
-		if err := br.QueryRow().Scan(&atOrAbove, &first); err != nil {
-			return err
-		}
-		if len(topics) == 0 {
-			return br.QueryRow().Scan(&below)
-		}
-		return nil
+		return br.QueryRow().Scan(&atOrAbove, &first)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("replaydpg: count: %w", err)
 	}
-	return above - atOrAbove + below, nil
+	return above - atOrAbove, nil
 }
 
 func defaultLimit(limit int) int {

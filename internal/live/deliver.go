@@ -142,20 +142,17 @@ func (h *Hub) catchUp(through int64, limit int) (int, error) {
 		h.logReset(min(through, page.Head))
 		return 0, nil
 	}
-	if mark := page.Watermark; mark > max(from, h.reported) {
+	if mark := page.Watermark; mark > from {
 		// Rows above the live position were pruned before they were
-		// delivered. The hole ends at mark, or at through, beyond which
-		// this call delivers nothing. Rows of topics pruned less may be
-		// retained inside it (retention per topic): the page holds them,
-		// and they are dispatched after the gap. A mark not above the last
-		// hole reported is no news: those rows were named by its gap.
+		// delivered. Every row up to mark is gone, so the hole ends there,
+		// or at through, beyond which this call delivers nothing.
 		hole := min(mark, through)
 		h.logger.Warn("replayd: rows were pruned before live delivery; reconnecting streams",
 			"from", from+1, "through", hole)
 		h.Resync()
 		h.window.reset()
 		h.notifyGap(Gap{Reason: GapPruned, After: from, From: from + 1, Through: hole})
-		h.reported = hole
+		h.pos = hole
 	}
 	h.dispatch(page.Events)
 	h.flushFrames()
@@ -181,7 +178,7 @@ func (h *Hub) logReset(through int64) {
 	h.Resync()
 	h.window.reset()
 	h.notifyGap(Gap{Reason: GapUnknownCursor, After: h.pos, From: 1, Through: through})
-	h.pos, h.reported = through, 0
+	h.pos = through
 }
 
 // Resync ends every open stream so that its client reconnects and resumes
