@@ -27,6 +27,7 @@ var streamStores = []struct {
 		return []string{"--db", filepath.Join(t.TempDir(), "ds.db")}
 	}},
 	{"postgres", func(t *testing.T) []string {
+		t.Helper()
 		dsn, prefix := pgPrefix(t)
 		return []string{"--postgres", dsn, "--postgres-table-prefix", prefix}
 	}},
