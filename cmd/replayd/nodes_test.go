@@ -49,7 +49,7 @@ func pgPrefix(t *testing.T) (dsn, prefix string) {
 			return
 		}
 		defer conn.Close(ctx)
-		for _, table := range []string{"events", "head", "watermarks", "raw"} {
+		for _, table := range []string{"events", "head", "watermarks", "skips", "outbox", "streams", "stream_producers", "raw"} {
 			if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+prefix+table); err != nil {
 				t.Errorf("cleanup: %v", err)
 			}
