@@ -10,6 +10,13 @@ import { once } from "node:events"
 
 const startTimeoutMs = 20_000
 
+// Every child still running when this process exits (a test that threw
+// past its cleanup, a timeout) is SIGKILLed, so none outlives the run.
+const running = new Set()
+process.on("exit", () => {
+  for (const proc of running) proc.kill("SIGKILL")
+})
+
 // A started child: its process, the address it listens on, its output so far.
 class Child {
   constructor(name, proc) {
@@ -17,6 +24,8 @@ class Child {
     this.proc = proc
     this.output = ""
     this.exited = once(proc, "exit")
+    running.add(proc)
+    proc.on("exit", () => running.delete(proc))
   }
 
   // kill sends signal and waits, bounded, until the process has exited.
