@@ -65,10 +65,9 @@ func (s *EventStore) after(ctx context.Context, sessionID, streamID string, inde
 			switch {
 			case ev.Topic == stt && ev.Type == typeSessionOpen:
 				sessionOpen = true
+				streamOpen = streamOpen || ev.EventID == openID(stt, st)
 			case ev.Topic == stt && ev.Type == typeSessionClosed:
 				sessionClosed = true
-			case ev.Topic == st && ev.Type == typeStreamOpen:
-				streamOpen = true
 			case ev.Topic == st && isData(ev):
 				idx, err := dataIndex(ev)
 				if err != nil {
@@ -96,16 +95,27 @@ func (s *EventStore) after(ctx context.Context, sessionID, streamID string, inde
 	switch {
 	case sessionClosed:
 		return nil, fmt.Errorf("replaydmcp: After: unknown session ID %q: it was closed", sessionID)
-	case seenData || streamOpen:
-		// Data retained from index+1 or before, without a hole; or the
-		// stream's marker, so that nothing of it was pruned.
+	case seenData:
+		// Retained from index+1 or before, without a hole.
 		return out, nil
-	case watermark > 0:
-		// The stream's rows (if it had any) were all pruned.
-		return nil, purged()
-	case !sessionOpen:
+	case watermark == 0 && !sessionOpen:
 		return nil, fmt.Errorf("replaydmcp: After: unknown session ID %q", sessionID)
-	default:
+	case watermark == 0 && !streamOpen:
 		return nil, fmt.Errorf("replaydmcp: After: unknown stream ID %q in session %q", streamID, sessionID)
+	case watermark == 0:
+		return nil, nil // opened, nothing appended
 	}
+	// Nothing of the stream is retained, and rows of the session or the
+	// stream were pruned: the stream's own watermark tells whether data of
+	// it was (its topic holds data alone).
+	page, err := s.st.Read(ctx, storage.ReadRequest{Scope: []string{st}, After: req.After, Limit: 1})
+	if err != nil {
+		return nil, fmt.Errorf("replaydmcp: After: %w", err)
+	}
+	if page.Watermark > 0 || len(page.Events) > 0 {
+		// Its data was pruned (its numbering with it), or data was
+		// appended since the read: either way not provably complete.
+		return nil, purged()
+	}
+	return nil, nil // the stream never had data: nothing was lost
 }

@@ -18,13 +18,13 @@ import (
 // How the SDK's streams map onto the log. Every row this package writes is
 // one of these, told apart by its type:
 //
-//   - typeSessionOpen, on the session's topic, once per session (its event
-//     id makes a second write a no-op): the session exists.
+//   - typeSessionOpen, on the session's topic, once per stream opened (its
+//     event id, openID, names the stream, and makes a second write a
+//     no-op): the session and the stream exist.
 //   - typeSessionClosed, on the session's topic: SessionClosed ran.
-//   - typeStreamOpen, on the stream's topic, once per stream: the stream
-//     exists, and while it is retained nothing of the stream was pruned.
 //   - typeText or typeBytes, on the stream's topic: the data of one Append,
-//     with the stream index in its event id.
+//     with the stream index in its event id. Nothing else is on that
+//     topic, so its prune watermark tells whether data of it was pruned.
 //
 // Topics are hashes, so that any session and stream id (any bytes, any
 // length) fits any backend's topic column, and one session's topic never
@@ -34,7 +34,6 @@ import (
 const (
 	typeSessionOpen   = "mcp-session"
 	typeSessionClosed = "mcp-session-closed"
-	typeStreamOpen    = "mcp-stream"
 	typeText          = "mcp"     // payload: the data, as is
 	typeBytes         = "mcp-b64" // payload: a JSON string, the data in base64
 )
@@ -50,6 +49,11 @@ func sessionTopic(sessionID string) string {
 func streamTopic(sessionID, streamID string) string {
 	h := sha256.Sum256([]byte("stream\x00" + strconv.Itoa(len(sessionID)) + "\x00" + sessionID + "\x00" + streamID))
 	return "mcp.t." + hex.EncodeToString(h[:16])
+}
+
+// openID is the event id of the record that a stream was opened.
+func openID(sessionTopic, streamTopic string) string {
+	return "open/" + sessionTopic + "/" + streamTopic
 }
 
 // dataID is the event id of the data at index idx of the stream whose

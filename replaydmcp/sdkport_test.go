@@ -79,9 +79,10 @@ func TestSDKAfter(t *testing.T) {
 	mustAppend(t, s, "S1", "2", "d4")
 
 	// The memory store still knows every stream after its purge, since it
-	// keeps empty lists; here the session's marker goes with the oldest
-	// rows, after which an unknown stream of S1 reads as one whose rows were
-	// all pruned (ErrEventsPurged). So the unknown cases run first.
+	// keeps empty lists; here the session's records go with the oldest
+	// rows, after which an unknown stream of S1 reads as a stream that
+	// never had data (an empty replay: nothing was lost). So the unknown
+	// cases run first.
 	for _, tt := range []struct {
 		session, stream, wantErr string
 	}{
@@ -94,10 +95,10 @@ func TestSDKAfter(t *testing.T) {
 	}
 
 	// SetMaxBytes(4) purges d1: keep the newest three rows, d2 d3 d4.
-	// Open wrote three markers (the session's once, each stream's), so
-	// the oldest four rows are the markers and d1.
-	if n, err := s.Prune(ctx); err != nil || n != 4 {
-		t.Fatalf("Prune: %d, %v; want 4 deleted (3 markers and d1)", n, err)
+	// Each Open wrote a record of the stream on the session's topic, so
+	// the oldest three rows are those two and d1.
+	if n, err := s.Prune(ctx); err != nil || n != 3 {
+		t.Fatalf("Prune: %d, %v; want 3 deleted (2 records and d1)", n, err)
 	}
 
 	for _, tt := range []struct {

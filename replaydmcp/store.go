@@ -108,22 +108,22 @@ func (s *EventStore) stream(sessionID, streamID string) *streamState {
 
 // Open implements [mcp.EventStore.Open]: it records, in one write, that the
 // session and the stream exist (a stream opened before, by this process or
-// another, is left as it is).
+// another, is left as it is). It is one row on the session's topic per
+// stream (a row per request), so a session in use keeps a recent one
+// when retention deletes the oldest rows: [Handler] serves a session from
+// another process only while the log holds one.
 func (s *EventStore) Open(ctx context.Context, sessionID, streamID string) error {
 	stt, st := sessionTopic(sessionID), streamTopic(sessionID, streamID)
 	res, err := s.st.Append(ctx, []storage.Event{
-		{EventID: "open/" + stt, Type: typeSessionOpen, Topic: stt, Payload: []byte("{}")},
-		{EventID: "open/" + st, Type: typeStreamOpen, Topic: st, Payload: []byte("{}")},
+		{EventID: openID(stt, st), Type: typeSessionOpen, Topic: stt, Payload: []byte("{}")},
 	})
+	if err == nil && res[0].Err != nil {
+		err = res[0].Err
+	}
 	if err != nil {
 		return fmt.Errorf("replaydmcp: Open: %w", err)
 	}
-	for _, r := range res {
-		if r.Err != nil {
-			return fmt.Errorf("replaydmcp: Open: %w", r.Err)
-		}
-	}
-	if !res[1].Duplicate {
+	if !res[0].Duplicate {
 		ss := s.stream(sessionID, streamID)
 		ss.mu.Lock()
 		ss.known, ss.next = true, 0
@@ -179,8 +179,7 @@ func (s *EventStore) Append(ctx context.Context, sessionID, streamID string, dat
 }
 
 // nextIndex reads the next index of the stream on topic from the log: one
-// above its newest data, 0 after its marker alone or for a stream never
-// opened.
+// above its newest data; 0 for a stream without any, ever.
 func (s *EventStore) nextIndex(ctx context.Context, topic string) (int, error) {
 	scope := []string{topic}
 	w, err := s.st.Window(ctx, scope, 0, 1)
@@ -200,11 +199,7 @@ func (s *EventStore) nextIndex(ctx context.Context, topic string) (int, error) {
 		}
 		return 0, nil
 	}
-	ev := page.Events[0]
-	if !isData(ev) {
-		return 0, nil // the stream's marker: nothing appended yet
-	}
-	idx, err := dataIndex(ev)
+	idx, err := dataIndex(page.Events[0])
 	return idx + 1, err
 }
 

@@ -158,7 +158,7 @@ func TestStreamPrunedWhole(t *testing.T) {
 	path := tempDB(t)
 	keep := storage.RetentionPolicy{MaxEvents: 1}
 	s1 := New(openSQLite(t, path), Options{Retention: keep, PruneInterval: -1})
-	mustOpen(t, s1, "S", "a", "b")
+	mustOpen(t, s1, "S", "", "a", "b")
 	mustAppend(t, s1, "S", "a", "a0", "a1")
 	mustAppend(t, s1, "S", "b", "b0") // the one row kept
 	if _, err := s1.Prune(ctx); err != nil {
@@ -168,6 +168,11 @@ func TestStreamPrunedWhole(t *testing.T) {
 		if got, err := collect(ctx, s1, "S", "a", idx); !errors.Is(err, mcp.ErrEventsPurged) || got != nil {
 			t.Errorf("After(a, %d): got %v, %v; want only ErrEventsPurged", idx, got, err)
 		}
+	}
+	// The standalone stream never had data: its record went, but nothing
+	// of it was lost, so a fresh GET (index -1) replays nothing, no error.
+	if got, err := collect(ctx, s1, "S", "", -1); err != nil || got != nil {
+		t.Errorf("After(\"\", -1) of a stream that never had data: got %v, %v; want nothing", got, err)
 	}
 	s2 := New(openSQLite(t, path), Options{})
 	if err := s2.Append(ctx, "S", "a", []byte("x")); !errors.Is(err, errNumberingLost) {
