@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +31,10 @@ const sessionHeader = "Mcp-Session-Id"
 // stateless sessions' (the client's initialize parameters are not known
 // here), and the event store. So a client's GET with Last-Event-ID replays
 // what the stream stored after it, from this process, and its next
-// requests run here. A request in flight in a process that died is lost
+// requests run here. A GET resuming a stream that another process is
+// still writing waits (up to 5s) for data after its Last-Event-ID, so that
+// each of the client's reconnections brings the next part of the stream,
+// up to the response, as it is stored. A request in flight in a process that died is lost
 // with it: its tool call's response never comes, and the SDK client ends
 // the call with an error once its reconnections make no progress.
 //
@@ -163,7 +168,10 @@ func (h *Handler) serveAdopted(w http.ResponseWriter, r *http.Request, sid strin
 		a.timer.Reset(h.timeout)
 	}
 	switch r.Method {
-	case http.MethodGet, http.MethodPost:
+	case http.MethodGet:
+		h.awaitData(r, sid)
+		a.transport.ServeHTTP(w, r)
+	case http.MethodPost:
 		a.transport.ServeHTTP(w, r)
 	case http.MethodDelete:
 		h.drop(sid, a)
@@ -175,6 +183,53 @@ func (h *Handler) serveAdopted(w http.ResponseWriter, r *http.Request, sid strin
 	default:
 		w.Header().Set("Allow", "GET, POST, DELETE")
 		http.Error(w, "Method Not Allowed", http.StatusMethodNotAllowed)
+	}
+}
+
+// resumeWait bounds how long a GET resuming a stream of an adopted session
+// waits for data after its Last-Event-ID.
+const resumeWait = 5 * time.Second
+
+// awaitData holds a GET resuming a stream of an adopted session until the
+// log has data of the stream after its Last-Event-ID, for at most
+// resumeWait. The stream is another process's (its request runs there,
+// appending as it goes), and the SDK's transport, for a stream it does not
+// run, replays what the log holds and ends the response: an empty replay
+// would end the client's call ("request terminated without response"),
+// where waiting lets each reconnection bring the next data, up to the
+// response. It waits on the log's notifications when the store has them
+// (storage.Notifier: PostgreSQL), else polls.
+func (h *Handler) awaitData(r *http.Request, sid string) {
+	streamID, idx, ok := strings.Cut(r.Header.Get("Last-Event-ID"), "_")
+	index, err := strconv.Atoi(idx)
+	if !ok || err != nil || strings.Contains(idx, "_") {
+		return // none, or malformed: the SDK's transport answers it
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), resumeWait)
+	defer cancel()
+	topic := streamTopic(sid, streamID)
+	notifier, _ := h.store.st.(storage.Notifier)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		head, err := h.store.st.Head(ctx)
+		if err != nil {
+			return
+		}
+		if next, err := h.store.nextIndex(ctx, topic); err != nil || next > index+1 {
+			return // data to replay, or an error After will report
+		}
+		if notifier != nil {
+			if notifier.WaitForAppend(ctx, head) != nil {
+				return
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
 }
 

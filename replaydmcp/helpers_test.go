@@ -2,16 +2,22 @@ package replaydmcp
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/replayd/replayd/internal/testenv"
 	"github.com/replayd/replayd/sqlitestore"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
+		goleak.Cleanup(func(code int) {
+			testenv.Report("replaydmcp")
+			os.Exit(code)
+		}),
 		// Idle keep-alive connections of http.DefaultTransport's pool.
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),

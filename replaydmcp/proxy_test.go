@@ -29,10 +29,11 @@ type proxy struct {
 	progress int // progress notifications forwarded
 	freezeAt int // freeze once this many are forwarded; 0: never
 	cancels  map[*http.Request]func()
+	served   map[string]int // requests forwarded, by "METHOD upstream"
 }
 
 func newProxy(t *testing.T, upstream string) *proxy {
-	p := &proxy{transport: &http.Transport{}, upstream: upstream, cancels: map[*http.Request]func(){}}
+	p := &proxy{transport: &http.Transport{}, upstream: upstream, cancels: map[*http.Request]func(){}, served: map[string]int{}}
 	p.Server = httptest.NewServer(p)
 	t.Cleanup(func() {
 		p.Server.CloseClientConnections()
@@ -48,6 +49,13 @@ func (p *proxy) thaw() { p.mu.Lock(); p.frozen = false; p.mu.Unlock() }
 // freezeAfter makes the proxy freeze itself once it has forwarded n
 // progress notifications: the client has exactly those.
 func (p *proxy) freezeAfter(n int) { p.mu.Lock(); p.freezeAt = n; p.mu.Unlock() }
+
+// servedBy returns how many requests of method went to upstream.
+func (p *proxy) servedBy(method, upstream string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.served[method+" "+upstream]
+}
 
 // switchTo sends the next requests to upstream, and ends the responses
 // in flight from the previous one (their clients reconnect).
@@ -65,6 +73,7 @@ func (p *proxy) switchTo(upstream string) {
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	up := p.upstream
+	p.served[r.Method+" "+up]++
 	p.mu.Unlock()
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
