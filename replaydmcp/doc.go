@@ -12,7 +12,8 @@
 //	events := replaydmcp.New(log, replaydmcp.Options{
 //		Retention: storage.RetentionPolicy{MaxAge: time.Hour},
 //	})
-//	handler := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{EventStore: events})
+//	handler := replaydmcp.NewHandler(getServer, events, nil) // wraps mcp.NewStreamableHTTPHandler
+//	defer handler.Close()
 //
 // The event store keeps the interface's contract: After returns every datum
 // appended after an index, in order, or an error ([mcp.ErrEventsPurged] when
@@ -22,5 +23,7 @@
 // A store alone does not make the SDK's handler resume a session it did not
 // start: mcp.StreamableHTTPHandler keeps its sessions in memory and answers
 // 404 to any other session id, which its client takes for a session gone.
-// See docs/mcp.md for what resumes across a restart and across nodes, and how.
+// [Handler] wraps it and serves such a session from the log (see its doc).
+// docs/mcp.md says what resumes across a restart and across nodes, what
+// the tests show, and what it costs.
 package replaydmcp

@@ -14,7 +14,7 @@ import (
 // pgPrefix returns the test cluster's DSN and a fresh table prefix, whose
 // tables are dropped when the test ends. Without REPLAYD_PG_DSN the test
 // is skipped, or fails under CI=true.
-func pgPrefix(t *testing.T) (dsn, prefix string) {
+func pgPrefix(t testing.TB) (dsn, prefix string) {
 	dsn = testenv.Need(t, "PostgreSQL", "source .ci/pg.sh", "REPLAYD_PG_DSN")[0]
 	var b [6]byte
 	rand.Read(b[:])
