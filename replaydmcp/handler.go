@@ -31,12 +31,18 @@ const sessionHeader = "Mcp-Session-Id"
 // stateless sessions' (the client's initialize parameters are not known
 // here), and the event store. So a client's GET with Last-Event-ID replays
 // what the stream stored after it, from this process, and its next
-// requests run here. A GET resuming a stream that another process is
-// still writing waits (up to 5s) for data after its Last-Event-ID, so that
-// each of the client's reconnections brings the next part of the stream,
-// up to the response, as it is stored. A request in flight in a process that died is lost
+// requests run here. A GET resuming a stream (any session's) waits up to
+// 5s for data after its Last-Event-ID, so that when another process is
+// still writing the stream, each of the client's reconnections brings the
+// next part of it, up to the response, as it is stored. A request in flight in a process that died is lost
 // with it: its tool call's response never comes, and the SDK client ends
 // the call with an error once its reconnections make no progress.
+//
+// The SDK's handler refuses a request whose authenticated user (its
+// auth.TokenInfo) is not the one that started the session; the log does
+// not hold that user, so an adopted session cannot check it: behind
+// authentication, check in your middleware that a session id belongs to
+// the caller before Handler sees the request.
 //
 // Closing an adopted session in this process (Close, SessionTimeout)
 // leaves the session open in the log, since its first process may still
@@ -85,6 +91,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if a := h.lookup(sid); a != nil {
 		h.serveAdopted(w, r, sid, a)
 		return
+	}
+	if r.Method == http.MethodGet {
+		h.awaitData(r, sid)
 	}
 	iw := &interceptWriter{w: w, header: http.Header{}}
 	h.sdk.ServeHTTP(iw, r)
@@ -186,18 +195,20 @@ func (h *Handler) serveAdopted(w http.ResponseWriter, r *http.Request, sid strin
 	}
 }
 
-// resumeWait bounds how long a GET resuming a stream of an adopted session
-// waits for data after its Last-Event-ID.
+// resumeWait bounds how long a GET resuming a stream waits for data after
+// its Last-Event-ID.
 const resumeWait = 5 * time.Second
 
-// awaitData holds a GET resuming a stream of an adopted session until the
-// log has data of the stream after its Last-Event-ID, for at most
-// resumeWait. The stream is another process's (its request runs there,
-// appending as it goes), and the SDK's transport, for a stream it does not
-// run, replays what the log holds and ends the response: an empty replay
-// would end the client's call ("request terminated without response"),
-// where waiting lets each reconnection bring the next data, up to the
-// response. It waits on the log's notifications when the store has them
+// awaitData holds a GET resuming a stream until the log has data of the
+// stream after its Last-Event-ID, for at most resumeWait. The stream may
+// be another process's (its request runs there, appending as it goes: the
+// client came from there, or went there and back), and the SDK's
+// transport, for a stream it does not run, replays what the log holds and
+// ends the response: an empty replay would end the client's call
+// ("request terminated without response"), where waiting lets each
+// reconnection bring the next data, up to the response. For a stream this
+// process runs, waiting loses nothing: what it sends meanwhile is stored,
+// and replayed when the wait ends. It waits on the log's notifications when the store has them
 // (storage.Notifier: PostgreSQL), else polls.
 func (h *Handler) awaitData(r *http.Request, sid string) {
 	streamID, idx, ok := strings.Cut(r.Header.Get("Last-Event-ID"), "_")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/replayd/replayd/internal/testenv"
+	"github.com/replayd/replayd/replaydpg"
 )
 
 // pgPrefix returns the test cluster's DSN and a fresh table prefix, whose
@@ -91,4 +92,40 @@ func testTwoNodes(t *testing.T, cfg childConfig) {
 		t.Fatal("node B served no POST")
 	}
 	t.Logf("node A: %d POST; node B: %d GET, %d POST", px.servedBy("POST", a), px.servedBy("GET", b), px.servedBy("POST", b))
+}
+
+// Node A is SIGKILLed mid-call (the proxy froze after 5 progress
+// notifications, so the client misses what A stored next); the client's
+// next requests go to node B, which replays from PostgreSQL every
+// notification A stored, exactly once, in order, the missed ones
+// included. The call died with A: the SDK client then ends it with an
+// error, not a silent hole.
+func TestPGNodeKilledOtherNodeResumes(t *testing.T) {
+	dsn, prefix := pgPrefix(t)
+	cfg := childConfig{Addr: "127.0.0.1:0", PGDSN: dsn, PGPrefix: prefix}
+	childA, addrA := startChild(t, cfg)
+	_, addrB := startChild(t, cfg)
+	px := newProxy(t, "http://"+addrA)
+	px.freezeAfter(5)
+	c := connectClient(t, px.URL, 5)
+	done := c.callCount(testCtx(t, 120*time.Second), 1000, 5)
+	c.wait(t, 5)
+	st, err := replaydpg.Open(testCtx(t, 30*time.Second), dsn, replaydpg.WithTablePrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	waitStored(t, st, 20)
+	childA.Kill()
+	childA.Wait()
+	stored := storedProgress(t, st)
+	checkExactlyOnce(t, stored, len(stored))
+	px.thaw()
+	px.switchTo("http://" + addrB)
+	callErr := awaitCall(t, done, 90*time.Second)
+	checkExactlyOnce(t, c.settle(len(stored)), len(stored))
+	if callErr == nil {
+		t.Fatal("the call whose node was killed returned no error")
+	}
+	t.Logf("received %d of %d stored (5 before the freeze), then: %v", len(c.got()), len(stored), callErr)
 }

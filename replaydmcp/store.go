@@ -47,8 +47,8 @@ type EventStore struct {
 	st   storage.Store
 	opts Options
 
-	mu       sync.Mutex
-	sessions map[string]map[string]*streamState // session id -> stream id -> state
+	mu       sync.Mutex                         // guards sessions
+	sessions map[string]map[string]*streamState // session id -> stream id -> state; a cache (see maxSessions)
 
 	lastPrune atomic.Int64 // unix nanoseconds of the last automatic prune
 }
@@ -89,12 +89,23 @@ func New(st storage.Store, opts Options) *EventStore {
 	return s
 }
 
+// maxSessions bounds the sessions whose streams' next index a store keeps
+// in memory. Past it the cache is emptied: it is only a cache (a stream
+// not in it is read from the log), and the log refuses an index taken
+// twice, so forgetting costs reads, never correctness. A session that ends
+// without SessionClosed (its server killed, or adopted elsewhere) would
+// otherwise stay forever.
+const maxSessions = 1 << 16
+
 // stream returns the state of a stream, made if missing.
 func (s *EventStore) stream(sessionID, streamID string) *streamState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.sessions[sessionID]
 	if m == nil {
+		if len(s.sessions) >= maxSessions {
+			clear(s.sessions)
+		}
 		m = map[string]*streamState{}
 		s.sessions[sessionID] = m
 	}
