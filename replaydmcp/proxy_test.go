@@ -50,6 +50,23 @@ func (p *proxy) thaw() { p.mu.Lock(); p.frozen = false; p.mu.Unlock() }
 // progress notifications: the client has exactly those.
 func (p *proxy) freezeAfter(n int) { p.mu.Lock(); p.freezeAt = n; p.mu.Unlock() }
 
+// cut ends the responses in flight to requests of method: their clients
+// reconnect.
+func (p *proxy) cut(method string) {
+	p.mu.Lock()
+	var cancels []func()
+	for r, c := range p.cancels {
+		if r.Method == method {
+			cancels = append(cancels, c)
+			delete(p.cancels, r)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range cancels {
+		c()
+	}
+}
+
 // servedBy returns how many requests of method went to upstream.
 func (p *proxy) servedBy(method, upstream string) int {
 	p.mu.Lock()
