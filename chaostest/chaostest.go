@@ -126,6 +126,15 @@ type Config struct {
 	// now and then, and at other times closes every connection hub A's
 	// listener accepted; nil: only the latter.
 	Disconnect func(h *replayd.EventHub)
+	// TopicRetention, if set, prunes per topic (replayd.RetentionPolicy's
+	// Topics): topic t0 every second by a policy of its own (its newest 1
+	// to 10 events, or those older than 0.2 to 1 s) or by PruneTopic (all
+	// of it), t1 never (every prune carries an entry for it without a
+	// limit), the other topics and broadcasts by the pruners' random
+	// default. Scopes over t0, t1 and the rest then lose events in holes
+	// between the events they keep: the oracle holds them to pruned gaps
+	// that name where, and to every kept event delivered.
+	TopicRetention bool
 	// Transactions, if set, makes the publishers also publish inside
 	// transactions on hub A's database (EventHub.InTx), rolling back one in
 	// three: committed events are published ones, rolled-back ones must
@@ -343,6 +352,13 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 		go func() {
 			defer wg.Done()
 			e.pruner(rand.New(rand.NewPCG(seed, uint64(200+p))))
+		}()
+	}
+	if e.cfg.TopicRetention {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.topicPruner(rand.New(rand.NewPCG(seed, 250)))
 		}()
 	}
 	wg.Add(1)

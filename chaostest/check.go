@@ -333,10 +333,13 @@ type connStats struct {
 //     the hello's cursor; every event a ledger event visible to the scope,
 //     with the published type and data;
 //   - between the cursor and each event, every ledger event visible to the
-//     scope was delivered or lies in the gap's range: no silent hole;
+//     scope was delivered or lies in the gap's range: no silent hole; and,
+//     inside a pruned gap's range, from the first event delivered on,
+//     every one still in the log at the end was delivered (retention per
+//     topic keeps events there);
 //   - the replay (ids up to the hello's head) is at most the replay
 //     limit, all of it when a replay_limit gap was sent, and newer than
-//     the gap's range.
+//     a replay_limit gap's range (a pruned gap's may hold kept events).
 func (v *view) checkConn(c *Conn) (st connStats, err error) {
 	fs := c.frames
 	srv := c.Server
@@ -474,7 +477,7 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		}
 	}
 
-	prev := cursor
+	prev, first := cursor, int64(0) // first: the first event delivered
 	for i, f := range fs {
 		switch f.kind {
 		case 'e':
@@ -496,22 +499,41 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		case en.hash != f.hash:
 			return st, fmt.Errorf("event %d: type or data differ from what was published", seq)
 		}
-		if g != nil && covered[0] <= covered[1] && seq <= covered[1] {
+		if g != nil && reason != reasonPruned && covered[0] <= covered[1] && seq <= covered[1] {
 			return st, fmt.Errorf("event %d inside or below the gap's range %d..%d", seq, covered[0], covered[1])
 		}
 		for _, s := range v.visibleIn(c.Topics, prev, seq) {
 			if s < covered[0] || s > covered[1] {
 				return st, &holeError{seq: s, prev: prev, next: seq}
 			}
+			// Inside a pruned gap's range the replay window holds every
+			// event the log kept from its first on (topics pruned apart
+			// leave kept events there): one still in the log at the end
+			// was kept, so it is a hole once the replay began.
+			if reason == reasonPruned && prev > cursor && v.inDB[s] {
+				return st, &holeError{seq: s, prev: prev, next: seq}
+			}
 		}
 		if seq <= head {
 			st.replayed++
+		}
+		if first == 0 {
+			first = seq
 		}
 		st.events++
 		prev = seq
 	}
 	if st.replayed > limit {
 		return st, fmt.Errorf("%d events replayed, limit %d", st.replayed, limit)
+	}
+	if reason == reasonPruned && prev > head && st.replayed < limit && first > 0 {
+		// A replay shorter than the limit is all the scope kept above the
+		// cursor: nothing still in the log at the end may precede it.
+		for _, s := range v.visibleIn(c.Topics, cursor, first) {
+			if v.inDB[s] {
+				return st, fmt.Errorf("event %d was kept inside the pruned gap's range but not replayed (%d replayed, limit %d, first %d)", s, st.replayed, limit, first)
+			}
+		}
 	}
 	if reason == reasonReplayLimit && prev > head && st.replayed != limit {
 		return st, fmt.Errorf("replay_limit gap but %d events replayed, limit %d", st.replayed, limit)
