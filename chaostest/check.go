@@ -527,11 +527,32 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		return st, fmt.Errorf("%d events replayed, limit %d", st.replayed, limit)
 	}
 	if reason == reasonPruned && prev > head && st.replayed < limit && first > 0 {
-		// A replay shorter than the limit is all the scope kept above the
-		// cursor: nothing still in the log at the end may precede it.
+		// The replay window W is the newest min(|V|, limit) events of V,
+		// the scope's events above the cursor at the handshake; an event
+		// still in the log at the end that precedes the replay was in V.
+		// If it was not in W, every event of W is above it, and each was
+		// either replayed or deleted during the replay at or below the
+		// gap's range's end (a deletion above it, past what was written,
+		// ends the stream). So with s the highest such event and D the
+		// scope's events above s, in the range, gone at the end,
+		// replayed+D < limit means |W| < limit: W was all of V, s in it,
+		// and not replaying s is a hole. (Fewer replayed than the limit
+		// alone proves nothing: W's events may be pruned mid-replay.)
+		kept := int64(0)
 		for _, s := range v.visibleIn(c.Topics, cursor, first) {
 			if v.inDB[s] {
-				return st, fmt.Errorf("event %d was kept inside the pruned gap's range but not replayed (%d replayed, limit %d, first %d)", s, st.replayed, limit, first)
+				kept = s
+			}
+		}
+		if kept > 0 {
+			gone := 0
+			for _, s := range v.visibleIn(c.Topics, kept, covered[1]+1) {
+				if !v.inDB[s] {
+					gone++
+				}
+			}
+			if st.replayed+gone < limit {
+				return st, fmt.Errorf("event %d was kept inside the pruned gap's range but not replayed (%d replayed, %d of the scope above it in the range pruned, limit %d, first %d)", kept, st.replayed, gone, limit, first)
 			}
 		}
 	}
