@@ -357,6 +357,7 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, ordEdge, s
 			n       int64
 			through *int64
 		)
+		start, issued := time.Now(), s.issued.Load()
 		if err := s.pool.QueryRow(ctx, q, topic, ordEdge, age, pruneRows, seqEdge, h0, last).Scan(&n, &through); err != nil {
 			return deleted, fmt.Errorf("replaydpg: prune: %w", err)
 		}
@@ -365,5 +366,31 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, ordEdge, s
 			return deleted, nil
 		}
 		last = *through
+		if s.issued.Load() == issued {
+			continue // nothing was appended meanwhile: nobody to make room for
+		}
+		if err := pruneYield(ctx, time.Since(start)); err != nil {
+			return deleted, err
+		}
+	}
+}
+
+// pruneDuty paces a per-topic prune while this store appends: its
+// statements take at most 1/pruneDuty of the time, so that the server's
+// CPU and I/O they share with the appends and reads stay theirs (see
+// sqlitestore's pruneYield; PostgreSQL's deletes take no lock an append
+// waits for). On a quiet log a prune runs its statements back to back.
+const pruneDuty = 10
+
+// pruneYield pauses a prune after a statement that took took, for
+// pruneDuty-1 times as long, between 2 and 100 ms.
+func pruneYield(ctx context.Context, took time.Duration) error {
+	t := time.NewTimer(min(max(took*(pruneDuty-1), 2*time.Millisecond), 100*time.Millisecond))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
