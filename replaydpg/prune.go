@@ -352,12 +352,13 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, ordEdge, s
 		q = s.q.prune.bcastBatch
 	}
 	var deleted, last int64
+	issued, busy := s.issued.Load(), time.Time{} // busy: when the log was last seen appended to
 	for {
 		var (
 			n       int64
 			through *int64
 		)
-		start, issued := time.Now(), s.issued.Load()
+		start := time.Now()
 		if err := s.pool.QueryRow(ctx, q, topic, ordEdge, age, pruneRows, seqEdge, h0, last).Scan(&n, &through); err != nil {
 			return deleted, fmt.Errorf("replaydpg: prune: %w", err)
 		}
@@ -366,8 +367,11 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, ordEdge, s
 			return deleted, nil
 		}
 		last = *through
-		if s.issued.Load() == issued {
-			continue // nothing was appended meanwhile: nobody to make room for
+		if now := s.issued.Load(); now != issued {
+			issued, busy = now, time.Now()
+		}
+		if time.Since(busy) > pruneBusy {
+			continue // a quiet log: nobody to make room for
 		}
 		if err := pruneYield(ctx, time.Since(start)); err != nil {
 			return deleted, err
@@ -380,7 +384,12 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, ordEdge, s
 // CPU and I/O they share with the appends and reads stay theirs (see
 // sqlitestore's pruneYield; PostgreSQL's deletes take no lock an append
 // waits for). On a quiet log a prune runs its statements back to back.
-const pruneDuty = 10
+//
+// A log is appended to when this store saw its head move within pruneBusy.
+const (
+	pruneDuty = 10
+	pruneBusy = time.Second
+)
 
 // pruneYield pauses a prune after a statement that took took, for
 // pruneDuty-1 times as long, between 2 and 100 ms.

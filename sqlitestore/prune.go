@@ -88,7 +88,7 @@ func ageCut(maxAge time.Duration) int64 {
 
 func (s *Store) pruneOnce(ctx context.Context, countEdge, ageEdge int64, lock func() func()) (deleted int64, err error) {
 	defer lock()()
-	err = s.writeTx(ctx, func(conn *sql.Conn) error {
+	err = s.writerTx(ctx, func(conn *sql.Conn) error {
 		rows, err := conn.QueryContext(ctx, qPruneHead, pruneBatch)
 		if err != nil {
 			return err
@@ -278,15 +278,22 @@ func (s *Store) PruneTopic(ctx context.Context, topic string, through int64) (in
 // pruneYield.
 func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut, h0 int64, lock func() func()) (int64, error) {
 	var deleted int64
+	issued, busy := s.issued.Load(), time.Time{} // busy: when the log was last seen appended to
 	for {
-		start, issued := time.Now(), s.issued.Load()
+		start := time.Now()
 		n, err := s.pruneTopicOnce(ctx, topic, edge, cut, h0, lock)
 		deleted += n
 		if err != nil || n < topicPruneBatch {
 			return deleted, err
 		}
-		if s.issued.Load() == issued {
-			continue // nothing was appended meanwhile: nobody to make room for
+		// Appends wait for a batch's lock, and a batch taken at once
+		// after the last may beat them to it, so a log appended to is
+		// one seen appended to within pruneBusy.
+		if now := s.issued.Load(); now != issued {
+			issued, busy = now, time.Now()
+		}
+		if time.Since(busy) > pruneBusy {
+			continue // a quiet log: nobody to make room for
 		}
 		if err := pruneYield(ctx, time.Since(start)); err != nil {
 			return deleted, err
@@ -299,13 +306,14 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut,
 // back, 1,000-row batches of a 1M-row topic held the lock nearly all the
 // time and raised publish p99 10–18× (TestPruneTopicCost); pausing as long
 // as each batch took still left 0.6–6×. So while the log is appended to
-// (a batch saw its head move), a prune holds the lock at most 1/pruneDuty
-// of the time, in batches of topicPruneBatch rows (a few milliseconds):
-// about 10,000 rows a second, a million in under two minutes; on a quiet
-// log it runs its batches back to back.
+// (its head seen moving within pruneBusy), a prune holds the lock at most
+// 1/pruneDuty of the time, in batches of topicPruneBatch rows (about a
+// millisecond and a half): some 15,000 rows a second, a million in about a
+// minute; on a quiet log it runs its batches back to back.
 const (
 	topicPruneBatch = 250
 	pruneDuty       = 10
+	pruneBusy       = time.Second
 )
 
 // pruneYield pauses a prune after a batch that took took, for pruneDuty-1
@@ -329,7 +337,7 @@ func (s *Store) pruneTopicOnce(ctx context.Context, topic *string, edge, cut, h0
 		key, arg = *topic, *topic
 	}
 	defer lock()()
-	err = s.writeTx(ctx, func(conn *sql.Conn) error {
+	err = s.writerTx(ctx, func(conn *sql.Conn) error {
 		rows, err := conn.QueryContext(ctx, qHead, arg, topicPruneBatch)
 		if err != nil {
 			return err
@@ -365,4 +373,42 @@ func (s *Store) pruneTopicOnce(ctx context.Context, topic *string, edge, cut, h0
 		return 0, err
 	}
 	return deleted, nil
+}
+
+// writerTx runs fn in a write transaction on the writer's connection, as
+// appends do, for prune batches: that connection's commits report their
+// WAL pages to the checkpointer (checkpoint.go) instead of carrying
+// SQLite's automatic checkpoint. A batch on a pool connection did: every
+// few batches of a large prune, its COMMIT copied the WAL into the file
+// and synced it holding the write lock, and the appends queued behind it
+// (TestPruneTopicCost: publish p99 up to 4× while a 1M-row topic was
+// pruned). fn changes rows under the writer's caches of the newest row and
+// the topics' ordinals, so they are dropped first, as when another
+// connection writes. The caller holds s.writeMu.
+func (s *Store) writerTx(ctx context.Context, fn func(*sql.Conn) error) error {
+	if s.closed {
+		return ErrClosed
+	}
+	if err := s.reserveWriter(ctx); err != nil {
+		return err
+	}
+	w, broken := s.writer, false
+	w.newest, w.topOK = -1, false
+	err := w.beginWrite(ctx)
+	if err == nil {
+		if err = fn(w.conn); err == nil {
+			// A fresh context: a cancelled one must not leave the transaction open.
+			if _, err = w.commit.ExecContext(context.Background()); err == nil && w.autoCheckpoint > 0 {
+				w.afterCommitCheckpoint()
+			}
+		}
+		if err != nil {
+			_, rerr := w.rollback.ExecContext(context.Background())
+			broken = rerr != nil
+		}
+	}
+	if broken || s.db.Stats().MaxOpenConnections == 1 {
+		s.releaseWriter(broken) // as appendBatch does
+	}
+	return err
 }
