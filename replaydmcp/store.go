@@ -239,7 +239,7 @@ func (s *EventStore) SessionClosed(ctx context.Context, sessionID string) error 
 // to a resumption from before them. Several processes may prune one log at
 // once.
 func (s *EventStore) Prune(ctx context.Context) (int64, error) {
-	if s.opts.Retention == (storage.RetentionPolicy{}) {
+	if s.opts.Retention.IsZero() {
 		return 0, nil
 	}
 	s.lastPrune.Store(time.Now().UnixNano())
@@ -249,7 +249,7 @@ func (s *EventStore) Prune(ctx context.Context) (int64, error) {
 // maybePrune runs Prune when PruneInterval has passed since the last one;
 // one appender wins the turn.
 func (s *EventStore) maybePrune(ctx context.Context) {
-	if s.opts.Retention == (storage.RetentionPolicy{}) || s.opts.PruneInterval < 0 {
+	if s.opts.Retention.IsZero() || s.opts.PruneInterval < 0 {
 		return
 	}
 	last := s.lastPrune.Load()

@@ -89,6 +89,13 @@ func (p RetentionPolicy) For(topic string) (TopicPolicy, bool) {
 	return TopicPolicy{}, false
 }
 
+// IsZero reports whether p deletes nothing: no limit of the default and no
+// entry of Topics. (A RetentionPolicy holds a slice, so it cannot be
+// compared with ==.)
+func (p RetentionPolicy) IsZero() bool {
+	return p.MaxEvents <= 0 && p.MaxAge <= 0 && len(p.Topics) == 0
+}
+
 // Validate reports a policy a store must refuse, wrapping [ErrInvalid]: an
 // entry of Topics whose Topic is empty or has a "*" anywhere but at its
 // end, or whose limits are negative. (A negative MaxEvents or MaxAge of
