@@ -155,7 +155,7 @@ func (h *EventHub) startDurableSweep(ss storage.StreamStore, prune func(context.
 func (h *EventHub) sweepDurable(ctx context.Context, s *durable.Sweeper) (full bool, err error) {
 	listed, pruned, err := s.Round(ctx, durableSweepBatch)
 	if pruned > 0 {
-		h.logger.Info("replayd: durable streams: reclaimed deleted and expired streams", "streams", listed, "events", pruned)
+		h.logger.Info("replayd: durable streams: reclaimed deleted and expired streams", "due", listed, "events", pruned)
 	}
 	return listed == durableSweepBatch, err
 }
