@@ -91,6 +91,8 @@ var schema = []string{
 		state    bytea NOT NULL,
 		PRIMARY KEY (topic, producer)
 	)`,
+	// The records the Durable Streams sweep must look at (DueStreams).
+	`CREATE INDEX IF NOT EXISTS %[1]sstreams_due ON %[1]sstreams (expires_at, topic) WHERE expires_at > 0`,
 }
 
 // qSchemaColumns checks that an events table found under the prefix is ours.

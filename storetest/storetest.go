@@ -65,6 +65,7 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func() replayd.Store)) {
 		{"StreamsAppendVisibility", testStreamsAppendVisibility},
 		{"StreamsRead", testStreamsRead},
 		{"StreamsSerialised", testStreamsSerialised},
+		{"StreamsDue", testStreamsDue},
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			open := newLog(t)
