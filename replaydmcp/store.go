@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,9 +30,9 @@ import (
 //     shared round-robin among streams. The log deletes only its oldest
 //     events, so a stream loses a prefix, never a middle.
 //   - SessionClosed makes the session's data unreachable at once (After
-//     answers an error for it) and the log reclaims its rows with its
-//     oldest events, by retention: a log deletes only a prefix of itself
-//     (see storage.Store), so no row is deleted out of order.
+//     answers an error for it), then deletes its streams' rows with the
+//     store's per-topic prune (storage.TopicPruner); the mark of its end
+//     stays until retention deletes it.
 //   - After answers [mcp.ErrEventsPurged] whenever it cannot prove that
 //     nothing after index was dropped; that includes a stream whose every
 //     row was pruned (its numbering is gone with them), where the memory
@@ -216,8 +218,14 @@ func (s *EventStore) nextIndex(ctx context.Context, topic string) (int, error) {
 
 // SessionClosed implements [mcp.EventStore.SessionClosed]: it records, in
 // one write, that the session is finished; After then answers an error for
-// every stream of it, in every process. The session's rows are deleted by
-// retention, with the log's oldest (see [EventStore]).
+// every stream of it, in every process. Then it deletes the session's data:
+// over a store that deletes one topic's events (storage.TopicPruner, as
+// replayd's SQLite and PostgreSQL stores do), every stream's rows and the
+// session's own but the mark of its end, which stays until retention
+// deletes it with the log's oldest rows, so that After keeps answering
+// "closed" rather than "unknown". The mark is written first: a process
+// reading the session meanwhile sees it closed, never a stream cut short.
+// A deletion that fails leaves the rows to retention, and is returned.
 func (s *EventStore) SessionClosed(ctx context.Context, sessionID string) error {
 	stt := sessionTopic(sessionID)
 	res, err := s.st.Append(ctx, []storage.Event{{EventID: "closed/" + stt, Type: typeSessionClosed, Topic: stt, Payload: []byte("{}")}})
@@ -230,7 +238,40 @@ func (s *EventStore) SessionClosed(ctx context.Context, sessionID string) error 
 	s.mu.Lock()
 	delete(s.sessions, sessionID)
 	s.mu.Unlock()
+	if err := s.reclaim(ctx, stt, res[0].Event.Sequence); err != nil {
+		return fmt.Errorf("replaydmcp: SessionClosed: delete the session's rows: %w", err)
+	}
 	return nil
+}
+
+// reclaim deletes the rows of the closed session on topic stt, whose end
+// is marked at sequence closed: each stream's (named by the session's open
+// records), then the session's own below the mark.
+func (s *EventStore) reclaim(ctx context.Context, stt string, closed int64) error {
+	tp, ok := s.st.(storage.TopicPruner)
+	if !ok {
+		return nil // retention deletes them
+	}
+	req := storage.ReadRequest{Scope: []string{stt}, Limit: afterPage, Through: closed}
+	for {
+		page, err := s.st.Read(ctx, req)
+		if err != nil {
+			return err
+		}
+		for _, ev := range page.Events {
+			if st, ok := strings.CutPrefix(ev.EventID, "open/"+stt+"/"); ok && ev.Type == typeSessionOpen {
+				if _, err := tp.PruneTopic(ctx, st, math.MaxInt64); err != nil {
+					return err
+				}
+			}
+			req.After = ev.Sequence
+		}
+		if !page.More {
+			break
+		}
+	}
+	_, err := tp.PruneTopic(ctx, stt, closed-1)
+	return err
 }
 
 // Prune deletes what [Options.Retention] condemns from the log, oldest

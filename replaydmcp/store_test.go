@@ -150,6 +150,47 @@ func TestSessionClosedEverywhere(t *testing.T) {
 	}
 }
 
+// SessionClosed deletes the session's rows (its streams' and its own, but
+// the mark of its end), and no other session's; the session stays closed.
+func TestSessionClosedDeletesItsRows(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	st := openSQLite(t, tempDB(t))
+	s := New(st, Options{})
+	mustOpen(t, s, "A", "", "1", "2")
+	mustOpen(t, s, "B", "1")
+	mustAppend(t, s, "A", "1", "a1", "a2")
+	mustAppend(t, s, "A", "2", "a3")
+	mustAppend(t, s, "B", "1", "b")
+	rows := func(topic string) int {
+		t.Helper()
+		page, err := st.Read(ctx, storage.ReadRequest{Scope: []string{topic}, Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(page.Events)
+	}
+	if err := s.SessionClosed(ctx, "A"); err != nil {
+		t.Fatal(err)
+	}
+	for _, stream := range []string{"", "1", "2"} {
+		if n := rows(streamTopic("A", stream)); n != 0 {
+			t.Errorf("stream %q of the closed session: %d rows left", stream, n)
+		}
+	}
+	if n := rows(sessionTopic("A")); n != 1 {
+		t.Errorf("the closed session's topic: %d rows, want 1 (the mark of its end)", n)
+	}
+	if got, err := collect(ctx, s, "A", "1", -1); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("closed session: got %v, %v; want a closed session error", got, err)
+	}
+	if n := rows(streamTopic("B", "1")); n != 1 {
+		t.Errorf("the other session's stream: %d rows, want 1", n)
+	}
+	if got, err := collect(ctx, s, "B", "1", -1); err != nil || !slices.Equal(got, []string{"b"}) {
+		t.Errorf("open session: got %v, %v", got, err)
+	}
+}
+
 // A stream whose every row was pruned answers ErrEventsPurged, never an
 // empty replay, and cannot be appended to by a process that lost its
 // numbering; a process that knows it goes on.
