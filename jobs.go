@@ -64,6 +64,8 @@ const (
 )
 
 type (
+	// JobStatus is a job's lifecycle state.
+	JobStatus = jobs.Status
 	// JobFunc is an upstream: it writes the job's text, events and
 	// progress through w until it returns; a non-nil meta is the job's
 	// final metadata (JSON). An error, or a panic, ends the job error.
