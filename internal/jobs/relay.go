@@ -3,7 +3,9 @@ package jobs
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -93,7 +95,7 @@ func (rl *relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if raw := r.URL.RawPath; raw != "" {
 			// the id as sent, unescaped once (an id may hold a "/")
 			if i := strings.Index(raw, rl.cfg.Prefix+"streams/"); i >= 0 {
-				if u, err := unescape(raw[i+len(rl.cfg.Prefix+"streams/"):]); err == nil {
+				if u, err := url.PathUnescape(raw[i+len(rl.cfg.Prefix+"streams/"):]); err == nil {
 					id = u
 				}
 			}
@@ -127,7 +129,7 @@ func (rl *relay) start(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, rl.cfg.MaxBody)
 	dec := json.NewDecoder(r.Body)
-	if err := dec.Decode(&body); err != nil && !errors.Is(err, errEOF) {
+	if err := dec.Decode(&body); err != nil && !errors.Is(err, io.EOF) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			relayError(w, http.StatusRequestEntityTooLarge, "the body is too large")
@@ -149,6 +151,10 @@ func (rl *relay) start(w http.ResponseWriter, r *http.Request) {
 	}
 	if string(body.Payload) == "null" {
 		body.Payload = nil
+	}
+	if rl.cfg.Upstream == nil {
+		relayError(w, http.StatusNotImplemented, "this relay starts no jobs (no Upstream)")
+		return
 	}
 	fn := rl.cfg.Upstream(r, body.Payload)
 	info, _, err := rl.m.Start(r.Context(), id, fn)
