@@ -59,6 +59,11 @@ type meta struct {
 	// tombstone's Reclaim over).
 	Reclaim int64 `json:"reclaim,omitempty"`
 	Tomb    bool  `json:"tomb,omitempty"`
+
+	// App is the state of Go code that keeps a stream of its own through
+	// AppTx (internal/jobs: a job's record). The protocol never reads it;
+	// every write of the record keeps it, a tombstone drops it.
+	App json.RawMessage `json:"app,omitempty"`
 }
 
 // A segment is a range of a topic's events a stream reads: those with a
