@@ -100,6 +100,15 @@ func scopeArgs(args []any, scope []string) []any {
 
 func i64(n int64) string { return strconv.FormatInt(n, 10) }
 
+// maxExact bounds the sequences the scripts are given: Lua's numbers are
+// doubles, exact for integers up to 2^53, far above any sequence a log
+// issues (see the package doc, "Keys"). A larger cursor (the hub reads the
+// head with math.MaxInt64) means the same there: above every sequence.
+const maxExact = 1 << 53
+
+// seqArg is a sequence argument of a script, at most maxExact.
+func seqArg(n int64) string { return i64(min(n, maxExact)) }
+
 // Head returns the head (see storage.Store): one GET.
 func (s *Store) Head(ctx context.Context) (int64, error) {
 	if s.isClosed() {
@@ -125,7 +134,7 @@ func (s *Store) Read(ctx context.Context, req storage.ReadRequest) (storage.Page
 	if limit <= 0 {
 		limit = 100
 	}
-	args := []any{s.p, i64(req.After), i64(max(req.Through, 0)), strconv.Itoa(limit), strconv.Itoa(max(req.MaxBytes, 0))}
+	args := []any{s.p, seqArg(req.After), seqArg(max(req.Through, 0)), strconv.Itoa(limit), strconv.Itoa(max(req.MaxBytes, 0))}
 	v, err := readScript.Run(ctx, s.c, nil, scopeArgs(args, req.Scope)...).Slice()
 	if err != nil {
 		return storage.Page{}, fmt.Errorf("replaydredis: read: %w", err)
@@ -154,7 +163,7 @@ func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 	if s.isClosed() {
 		return storage.Window{}, ErrClosed
 	}
-	args := []any{s.p, i64(cursor), strconv.Itoa(max(limit, 0))}
+	args := []any{s.p, seqArg(cursor), strconv.Itoa(max(limit, 0))}
 	v, err := windowScript.Run(ctx, s.c, nil, scopeArgs(args, scope)...).Int64Slice()
 	if err != nil {
 		return storage.Window{}, fmt.Errorf("replaydredis: window: %w", err)
@@ -173,10 +182,10 @@ func (s *Store) Count(ctx context.Context, scope []string, after, before int64) 
 	if s.isClosed() {
 		return 0, ErrClosed
 	}
-	if before <= after+1 {
+	if before <= after || before-after == 1 {
 		return 0, nil
 	}
-	v, err := countScript.Run(ctx, s.c, nil, scopeArgs([]any{s.p, i64(after), i64(before)}, scope)...).Int64()
+	v, err := countScript.Run(ctx, s.c, nil, scopeArgs([]any{s.p, seqArg(after), seqArg(before)}, scope)...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("replaydredis: count: %w", err)
 	}
