@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -31,7 +32,8 @@ func openStore(t testing.TB, srv *redisserver.Server, prefix string, opts ...Opt
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := Open(ctx, srv.URL(), append([]Option{WithPrefix(prefix)}, opts...)...)
+	logger := slog.New(slog.NewTextHandler(t.Output(), nil)) // a raised floor, in the test's output
+	s, err := Open(ctx, srv.URL(), append([]Option{WithPrefix(prefix), WithLogger(logger)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

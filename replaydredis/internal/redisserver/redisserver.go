@@ -59,6 +59,12 @@ func Start(t testing.TB, args ...string) *Server {
 	return s
 }
 
+// Port is the server's port, as a string.
+func (s *Server) Port() string {
+	_, p, _ := net.SplitHostPort(s.Addr)
+	return p
+}
+
 // URL is the server's address as a redis:// URL.
 func (s *Server) URL() string { return "redis://" + s.Addr }
 
