@@ -18,24 +18,11 @@ import (
 // type, topic, payload. It returns the batch's created_at and one result
 // per event: {'n', sequence} for a stored one, {'o', the original's fields
 // (see load)} for a duplicate of a stored one, {'b', index} for a
-// duplicate of an earlier one of the batch.
-//
-// The guard first: a head that is missing (the keys were deleted or
-// flushed) or below what the store knows was issued (the log was replaced
-// under it) is raised to the clock, or above what was issued if the clock
-// is behind, so that no sequence is issued twice.
+// duplicate of an earlier one of the batch. The head's guard (see guard in lua.go) runs first.
 var appendScript = newScript(`
-local issued = num(ARGV[2])
 local n = tonumber(ARGV[3])
 local now = clock()
-local hv = redis.call('GET', P .. 'head')
-local head = num(hv)
-if not hv or head < issued then
-	local old = head
-	if not hv then old = highest() end
-	head = math.max(now, issued + 1, old)
-	raise(old, head)
-end
+local head = guard(num(ARGV[2]), now)
 local at = math.max(now, num(redis.call('GET', P .. 'at')))
 local out, batch, fresh = {at}, {}, 0
 for i = 1, n do
@@ -53,10 +40,7 @@ for i = 1, n do
 			head = head + 1
 			fresh = fresh + 1
 			local seq = str(head)
-			redis.call('XADD', P .. 'log', seq .. '-0', 'i', id, 'y', ARGV[b + 2], 't', ARGV[b + 3], 'p', ARGV[b + 4], 'c', str(at))
-			redis.call('ZADD', P .. 'all', seq, seq)
-			redis.call('ZADD', tkey(ARGV[b + 3]), seq, seq)
-			redis.call('HSET', P .. 'ids', id, seq)
+			put(seq, id, ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], str(at))
 			r = {'n', head}
 			batch[id] = i
 		end

@@ -76,6 +76,32 @@ local function scope(i)
 	return keys, w, i + n + 1
 end
 
+-- guard returns the head appends go above: a head that is missing (the
+-- keys were deleted or flushed) or below issued, what the store knows its
+-- log issued (the log was replaced under it), is first raised to the
+-- clock now, or above issued if the clock is behind, so that no sequence
+-- is issued twice.
+local function guard(issued, now)
+	local hv = redis.call('GET', P .. 'head')
+	local head = num(hv)
+	if not hv or head < issued then
+		local old = head
+		if not hv then old = highest() end
+		head = math.max(now, issued + 1, old)
+		raise(old, head)
+	end
+	return head
+end
+
+-- put writes the event of sequence seq (a string) to the stream and its
+-- indexes; the caller sets the head and {P}:at.
+local function put(seq, id, typ, topic, payload, at)
+	redis.call('XADD', P .. 'log', seq .. '-0', 'i', id, 'y', typ, 't', topic, 'p', payload, 'c', at)
+	redis.call('ZADD', P .. 'all', seq, seq)
+	redis.call('ZADD', tkey(topic), seq, seq)
+	redis.call('HSET', P .. 'ids', id, seq)
+end
+
 -- load returns the event of sequence seq as {seq, id, type, topic,
 -- payload, created}, or nil if it is not in the stream.
 local function load(seq)
