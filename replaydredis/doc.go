@@ -37,6 +37,9 @@
 //	                   range's start (exclusive), score its end (exclusive)
 //	{P}:run    string  the log identity: the run_id of the Redis process
 //	                   that last checked the log (see Log identity)
+//	{P}:s:<T>  hash    Durable Streams: the record of stream T (m: metadata, x: expiry)
+//	{P}:p:<T>  hash    Durable Streams: producer id -> state, of stream T
+//	{P}:sv:<T> string  Durable Streams: T's version, raised by each commit naming it
 //
 // The stream holds each payload once; the sorted sets are the indexes
 // (a stream cannot count the entries of a range, a sorted set counts them
@@ -85,12 +88,12 @@
 //
 // # Prune
 //
-// A prune batch (a script) deletes at most 1000 of the oldest events
-// (XRANGE - + COUNT 1000): as many as MaxEvents condemns (ZCARD of
-// {P}:all), or as many of them as are older than MaxAge, whichever is
-// more, removing each from the stream, its sets and {P}:ids, and raising
-// the watermarks in the same script. Prune runs batches until one deletes
-// fewer than a full batch.
+// A prune batch (a script) deletes at most 1000 of the oldest events: as
+// many as MaxEvents condemns (ZCARD of {P}:all), and beyond that those
+// older than MaxAge, reading the stream from its start 16 entries at a
+// time (payloads may be large), removing each from the stream, its sets
+// and {P}:ids, and raising the watermarks in the same script. Prune runs
+// batches until one deletes fewer than a full batch.
 //
 // # Waking StartTail
 //
@@ -158,6 +161,20 @@
 // dial, stored nothing. The client's retries are off, so that a retried
 // script never reports the events of its first run as duplicates.
 //
-// Not done yet: Durable Streams (storage.StreamStore), publishing in the
-// application's transaction.
+// # Durable Streams
+//
+// Store is a storage.StreamStore (streams.go): UpdateStreams is an
+// optimistic transaction. fn reads through plain commands and its writes
+// are kept in memory; the commit is one script that checks that the
+// versions of the transaction's topics, and, once it appended or read a
+// topic's newest event, the head, are what the transaction started from,
+// and then writes everything, or nothing, and fn runs again after a short
+// random back-off (at most 64 times). The sequences, created_at and
+// duplicates of its events are decided when fn appends them, from the
+// head read at its start: with the head unchanged at the commit they are
+// exact. A stream transaction that appends retries while other appends
+// land during it.
+//
+// Not done: publishing in the application's transaction (Redis has no
+// transaction an application holds open), and an index of expiry times.
 package replaydredis
