@@ -15,6 +15,6 @@ func TestConformance(t *testing.T) {
 	srv := redisserver.Start(t)
 	storetest.Run(t, func(t *testing.T) func() replayd.Store {
 		prefix := testPrefix(t)
-		return func() replayd.Store { return openStore(t, srv, prefix) }
+		return func() replayd.Store { return openStore(t, srv.URL(), prefix) }
 	})
 }

@@ -21,7 +21,7 @@ import (
 func TestCrashEverysec(t *testing.T) {
 	srv := redisserver.Start(t, "--appendonly", "yes", "--appendfsync", "everysec")
 	prefix := testPrefix(t)
-	stores := []*Store{openStore(t, srv, prefix), openStore(t, srv, prefix)}
+	stores := []*Store{openStore(t, srv.URL(), prefix), openStore(t, srv.URL(), prefix)}
 	var (
 		mu    sync.Mutex
 		acked []storage.Event
@@ -64,7 +64,7 @@ func TestCrashEverysec(t *testing.T) {
 	cancel()
 	wg.Wait()
 
-	late := openStore(t, srv, prefix)
+	late := openStore(t, srv.URL(), prefix)
 	var highest int64
 	for _, e := range acked {
 		highest = max(highest, e.Sequence)

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replayd/replayd/replaydredis/internal/redisserver"
 	"go.uber.org/goleak"
 )
 
@@ -27,13 +26,14 @@ func testPrefix(t testing.TB) string {
 	return "t" + hex.EncodeToString(b[:])
 }
 
-// openStore opens a store (another "node") on the log of prefix on srv.
-func openStore(t testing.TB, srv *redisserver.Server, prefix string, opts ...Option) *Store {
+// openStore opens a store (another "node") on the log of prefix on the
+// Redis of url.
+func openStore(t testing.TB, url, prefix string, opts ...Option) *Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(t.Output(), nil)) // a raised floor, in the test's output
-	s, err := Open(ctx, srv.URL(), append([]Option{WithPrefix(prefix), WithLogger(logger)}, opts...)...)
+	s, err := Open(ctx, url, append([]Option{WithPrefix(prefix), WithLogger(logger)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ func TestHubSuite(t *testing.T) {
 	hubtest.Run(t, func(t *testing.T) func(opts replayd.Options) *replayd.EventHub {
 		prefix := testPrefix(t)
 		return func(opts replayd.Options) *replayd.EventHub {
-			s := openStore(t, srv, prefix)
+			s := openStore(t, srv.URL(), prefix)
 			h, err := replayd.NewWithStore(s, opts)
 			if err != nil {
 				t.Fatal(err)

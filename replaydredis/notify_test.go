@@ -16,7 +16,7 @@ import (
 func TestTailWokenByXREAD(t *testing.T) {
 	srv := redisserver.Start(t)
 	prefix := testPrefix(t)
-	a, b := hubOn(t, openStore(t, srv, prefix)), hubOn(t, openStore(t, srv, prefix))
+	a, b := hubOn(t, openStore(t, srv.URL(), prefix)), hubOn(t, openStore(t, srv.URL(), prefix))
 	stop, err := b.StartTail(time.Minute, replayd.TailOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func TestTailWokenByXREAD(t *testing.T) {
 func TestWaitForAppend(t *testing.T) {
 	srv := redisserver.Start(t)
 	prefix := testPrefix(t)
-	s, other := openStore(t, srv, prefix), openStore(t, srv, prefix)
+	s, other := openStore(t, srv.URL(), prefix), openStore(t, srv.URL(), prefix)
 	h, err := s.Head(ctxT(t))
 	if err != nil {
 		t.Fatal(err)

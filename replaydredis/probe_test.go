@@ -13,7 +13,7 @@ import (
 // not met), and Redis down. A store cannot open on a read-only replica.
 func TestReady(t *testing.T) {
 	srv := redisserver.Start(t)
-	s := openStore(t, srv, testPrefix(t))
+	s := openStore(t, srv.URL(), testPrefix(t))
 	h := hubOn(t, s)
 	if err := h.Ready(ctxT(t)); err != nil {
 		t.Fatalf("Ready on a primary: %v", err)

@@ -44,7 +44,7 @@ func TestRestartFromOlderRDB(t *testing.T) {
 	srv := redisserver.Start(t)
 	prefix := testPrefix(t)
 	hubtest.CheckRestore(t, hubtest.Restore{
-		Open: func() *replayd.EventHub { return hubOn(t, openStore(t, srv, prefix)) },
+		Open: func() *replayd.EventHub { return hubOn(t, openStore(t, srv.URL(), prefix)) },
 		Backup: func(h *replayd.EventHub) *replayd.EventHub {
 			if err := rawClient(t, srv).Save(ctxT(t)).Err(); err != nil {
 				t.Fatalf("SAVE: %v", err)
@@ -70,7 +70,7 @@ func TestLostAOFTail(t *testing.T) {
 	var incr string
 	var size int64
 	hubtest.CheckRestore(t, hubtest.Restore{
-		Open: func() *replayd.EventHub { return hubOn(t, openStore(t, srv, prefix)) },
+		Open: func() *replayd.EventHub { return hubOn(t, openStore(t, srv.URL(), prefix)) },
 		Backup: func(h *replayd.EventHub) *replayd.EventHub {
 			files, err := filepath.Glob(filepath.Join(srv.Dir, "appendonlydir", "*.incr.aof"))
 			if err != nil || len(files) != 1 {
@@ -103,7 +103,7 @@ func TestLostAOFTail(t *testing.T) {
 func TestRestartOtherNodeReusesNothing(t *testing.T) {
 	srv := redisserver.Start(t)
 	prefix := testPrefix(t)
-	a, b := openStore(t, srv, prefix), openStore(t, srv, prefix)
+	a, b := openStore(t, srv.URL(), prefix), openStore(t, srv.URL(), prefix)
 	kept := mustAppend(t, a, "k1", "k2")
 	if err := rawClient(t, srv).Save(ctxT(t)).Err(); err != nil {
 		t.Fatalf("SAVE: %v", err)
@@ -140,7 +140,7 @@ func TestRestartOtherNodeReusesNothing(t *testing.T) {
 func TestFlushedUnderRunningStore(t *testing.T) {
 	srv := redisserver.Start(t)
 	prefix := testPrefix(t)
-	s := openStore(t, srv, prefix)
+	s := openStore(t, srv.URL(), prefix)
 	old := mustAppend(t, s, "o1", "o2")
 	if err := rawClient(t, srv).FlushAll(ctxT(t)).Err(); err != nil {
 		t.Fatal(err)

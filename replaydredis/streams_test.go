@@ -25,7 +25,7 @@ func TestDurableStreamsTwoNodes(t *testing.T) {
 	prefix := testPrefix(t)
 	var urls []string
 	for range 2 {
-		h := hubOn(t, openStore(t, srv, prefix))
+		h := hubOn(t, openStore(t, srv.URL(), prefix))
 		mux := http.NewServeMux()
 		mux.Handle("/v1/stream/", h.DurableStreams(replayd.DurableStreamsOptions{Open: true}))
 		hs := httptest.NewServer(mux)
