@@ -32,7 +32,7 @@ func TestFailoverToLaggedReplica(t *testing.T) {
 			if n, err := rawClient(t, primary).Wait(ctxT(t), 1, 10_000).Result(); err != nil || n != 1 {
 				t.Fatalf("WAIT for the replica: %d, %v", n, err)
 			}
-			if err := rawClient(t, replica).SlaveOf(ctxT(t), "NO", "ONE").Err(); err != nil {
+			if err := rawClient(t, replica).ReplicaOf(ctxT(t), "NO", "ONE").Err(); err != nil {
 				t.Fatalf("REPLICAOF NO ONE: %v", err)
 			}
 			return h

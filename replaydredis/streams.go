@@ -252,7 +252,8 @@ func (tx *streamTx) Last(ctx context.Context, topic string) (int64, error) {
 		return l, nil
 	}
 	tx.onHead = true
-	r, err := tx.s.c.ZRevRangeByScore(ctx, tx.s.p+tkeyGo(topic), &redis.ZRangeBy{Max: i64(tx.head), Min: "-inf", Count: 1}).Result()
+	r, err := tx.s.c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: tx.s.p + tkeyGo(topic), Start: i64(tx.head), Stop: "-inf",
+		ByScore: true, Rev: true, Count: 1}).Result()
 	if err != nil {
 		return 0, fmt.Errorf("replaydredis: last event: %w", err)
 	}
