@@ -84,3 +84,41 @@ func TestWaitForAppend(t *testing.T) {
 		t.Fatal("Close did not wake WaitForAppend within 10 s")
 	}
 }
+
+// The listener outlives a Redis restart: hub B, tailing with its fallback
+// poll a minute apart, goes on delivering hub A's publishes once
+// redis-server was killed and started again (on its AOF, nothing lost).
+func TestTailAcrossRedisRestart(t *testing.T) {
+	srv := redisserver.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	prefix := testPrefix(t)
+	a, b := hubOn(t, openStore(t, srv.URL(), prefix)), hubOn(t, openStore(t, srv.URL(), prefix))
+	stop, err := b.StartTail(time.Minute, replayd.TailOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	got := make(chan int64, 16)
+	unsubscribe := b.Subscribe(func(ev replayd.Event) { got <- ev.Sequence })
+	defer unsubscribe()
+	expect := func(what string) {
+		t.Helper()
+		ev, err := a.Publish(ctxT(t), "", what)
+		if err != nil {
+			t.Fatalf("publish %s: %v", what, err)
+		}
+		select {
+		case s := <-got:
+			if s != ev.Sequence {
+				t.Fatalf("%s: hub B delivered %d, want %d", what, s, ev.Sequence)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: hub B did not deliver %d within 20 s", what, ev.Sequence)
+		}
+	}
+	expect("before")
+	srv.Kill()
+	srv.Restart()
+	for _, what := range []string{"after 1", "after 2"} {
+		expect(what)
+	}
+}

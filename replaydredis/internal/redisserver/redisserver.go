@@ -33,19 +33,33 @@ type Server struct {
 }
 
 // Binary returns the path of redis-server, or skips t (fails it under CI).
+// REPLAYD_REDIS_SERVER names another binary; otherwise redis-server is
+// looked up in PATH, then at Debian's /usr/bin/redis-server.
 func Binary(t testing.TB) string {
 	t.Helper()
-	p, err := exec.LookPath("redis-server")
+	p, err := find()
 	if err != nil {
-		if _, serr := os.Stat("/usr/bin/redis-server"); serr == nil {
-			return "/usr/bin/redis-server"
-		}
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("redis-server not found under CI: .ci/run did not install it (apt-get install redis-server): %v", err)
+		} else {
+			t.Skipf("redis-server not found (apt-get install redis-server, or set REPLAYD_REDIS_SERVER): %v", err)
 		}
-		t.Skipf("redis-server not found (apt-get install redis-server): %v", err)
 	}
 	return p
+}
+
+func find() (string, error) {
+	if p := os.Getenv("REPLAYD_REDIS_SERVER"); p != "" {
+		return exec.LookPath(p)
+	}
+	p, err := exec.LookPath("redis-server")
+	if err == nil {
+		return p, nil
+	}
+	if _, serr := exec.LookPath("/usr/bin/redis-server"); serr == nil {
+		return "/usr/bin/redis-server", nil
+	}
+	return "", err
 }
 
 // Start starts a redis-server with the configuration directives args (as
