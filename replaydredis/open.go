@@ -76,7 +76,15 @@ var (
 	_ storage.Notifier    = (*Store)(nil)
 	_ storage.Counter     = (*Store)(nil)
 	_ storage.WriteProber = (*Store)(nil)
+	_ storage.PoolSizer   = (*Store)(nil)
 )
+
+// PoolSize is the size of the pool of connections the store's appends and
+// reads share (go-redis's PoolSize; the listener has one of its own): the
+// hub keeps its concurrent replay reads two below it (see
+// storage.PoolSizer), so that a storm of handshakes waits in the hub, not
+// in the pool, where a wait beyond go-redis's PoolTimeout fails the read.
+func (s *Store) PoolSize() int { return s.c.Options().PoolSize }
 
 // Open connects to the Redis of url (redis://[user:password@]host:port[/db],
 // or rediss:// for TLS; see redis.ParseURL), raises the log's sequence
