@@ -1,6 +1,7 @@
 package replayd
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"time"
@@ -69,6 +70,8 @@ func (h *EventHub) DurableStreams(opts DurableStreamsOptions) http.Handler {
 			return true
 		}
 	}
+	prune := h.durablePrune()
+	h.startDurableSweep(ss, prune)
 	return durable.New(durable.Config{
 		Store:           ss,
 		Live:            h.live,
@@ -85,8 +88,76 @@ func (h *EventHub) DurableStreams(opts DurableStreamsOptions) http.Handler {
 		Logger:          h.logger,
 		MaxWait:         h.opts.Poll.MaxWait,
 		MaxBody:         opts.MaxBody,
+		Prune:           prune,
 		Now:             time.Now,
 	})
+}
+
+// The sweep of Durable Streams (internal/durable/sweep.go) reclaims the
+// records and the events of deleted and expired streams: the hub runs it
+// from the first DurableStreams call until Close, one round at once and
+// then every durableSweepInterval, each round at most durableSweepBatch
+// streams (a full round is followed by the next after durableSweepPause).
+// The protocol's API has no knob for it: a minute bounds how long a dead
+// stream's events outlive it, and costs an index probe a minute when
+// nothing is due. Every node of a shared store sweeps; each step is
+// checked in the stream's transaction and pruning is idempotent.
+const (
+	durableSweepInterval = time.Minute
+	durableSweepPause    = time.Second
+	durableSweepBatch    = 100
+)
+
+// durablePrune is the sweep's pruning: PruneTopic, when the store is a
+// storage.TopicPruner; nil leaves a dead stream's events to retention.
+func (h *EventHub) durablePrune() func(ctx context.Context, topic string, through int64) (int64, error) {
+	if _, ok := h.store.(storage.TopicPruner); !ok {
+		return nil
+	}
+	return h.PruneTopic
+}
+
+// startDurableSweep starts the sweep over ss, once per hub.
+func (h *EventHub) startDurableSweep(ss storage.StreamStore, prune func(context.Context, string, int64) (int64, error)) {
+	h.mu.Lock()
+	if h.sweeping || h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.sweeping = true
+	h.mu.Unlock()
+	s := &durable.Sweeper{Store: ss, Prune: prune, Now: time.Now}
+	_ = h.goLoop(func() {
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-h.ctx.Done():
+				return
+			case <-t.C:
+			}
+			full, err := h.sweepDurable(h.ctx, s)
+			switch {
+			case err != nil && h.ctx.Err() == nil:
+				h.logger.Error("replayd: durable streams: sweep failed", "err", err)
+				t.Reset(durableSweepInterval)
+			case full:
+				t.Reset(durableSweepPause)
+			default:
+				t.Reset(durableSweepInterval)
+			}
+		}
+	})
+}
+
+// sweepDurable runs one round of s; full reports that it listed a full
+// batch (more may be due).
+func (h *EventHub) sweepDurable(ctx context.Context, s *durable.Sweeper) (full bool, err error) {
+	listed, pruned, err := s.Round(ctx, durableSweepBatch)
+	if pruned > 0 {
+		h.logger.Info("replayd: durable streams: reclaimed deleted and expired streams", "due", listed, "events", pruned)
+	}
+	return listed == durableSweepBatch, err
 }
 
 var errWritesClosed = errors.New("replayd: durable streams: writes need DurableStreamsOptions.AuthorizeWrite (or Open)")

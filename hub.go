@@ -283,6 +283,8 @@ type EventHub struct {
 	mu      sync.Mutex // guards the fields below, and wg.Add after Close
 	closed  bool
 	tailing bool
+	// sweeping: the Durable Streams sweep runs (durable.go).
+	sweeping bool
 
 	// Test hooks, run by the SSE handler if set: after subscribing and
 	// before reading the log, and between the replay and going live.

@@ -132,9 +132,12 @@ const (
 
 // replay writes the window W of hs, the scope's events in [hs.From,
 // hs.Head], page by page, each read under a handshake slot and written
-// under the usual write deadline. If retention pruned anything of the
-// scope above the last event written, the page just read may lack rows:
-// the stream ends instead, and the client's reconnect gets a pruned gap.
+// under the usual write deadline. The window may begin inside the range
+// of the stream's pruned gap: events of topics pruned less are retained
+// there (see storage.Store, Retention and watermarks). If retention pruned
+// anything of the scope above the last event written and above that range,
+// the page just read may lack rows: the stream ends instead, and the
+// client's reconnect gets a pruned gap.
 // It returns how many events it wrote, and false if the stream must end.
 func (c *sseStream) replay(hs storage.Window) (n int, ok bool) {
 	h, ctx, w, s, topics := c.h, c.ctx, c.w, c.s, c.topics
@@ -159,7 +162,10 @@ func (c *sseStream) replay(hs storage.Window) (n int, ok bool) {
 				h.logger.Error("replayd: read a replay page", "topics", topics, "after", after, "err", err)
 			}
 			return n, false
-		case mark > after:
+		case mark > max(after, hs.Watermark):
+			// A deletion at or below hs.Watermark is named by the pruned
+			// gap the stream began with (hs.Watermark above the cursor),
+			// or at or below the cursor: only a higher mark is news.
 			h.logger.Warn("replayd: rows pruned during a replay; ending the stream so it resumes with a gap",
 				"topics", topics, "after", after, "watermark", mark)
 			return n, false

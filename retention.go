@@ -2,13 +2,19 @@ package replayd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/replayd/replayd/storage"
 )
 
 // Prune deletes the events policy condemns: all but the newest MaxEvents,
-// and those older than MaxAge, whichever deletes more. It works in batches
+// and those older than MaxAge, whichever deletes more, of the whole log,
+// or, with policy.Topics, of each topic by the first entry that matches it
+// and of the rest of the log by MaxEvents and MaxAge (see RetentionPolicy
+// and docs/operations.md, "Retention per topic"). It works in batches
 // of at most 1,000 rows, each its own short transaction, so publishers are
 // never stalled for long, and records each topic's prune watermark in the
 // same transaction as its delete, so a client that reconnects below it gets
@@ -28,6 +34,41 @@ func (h *EventHub) Prune(ctx context.Context, policy RetentionPolicy) (deleted i
 		return deleted, fmt.Errorf("replayd: prune: %w: %w", ErrClosed, err)
 	case err != nil:
 		return deleted, fmt.Errorf("replayd: prune: %w", err)
+	}
+	return deleted, nil
+}
+
+// PruneTopic deletes every event of topic with a sequence at or below
+// through (math.MaxInt64: all of them so far), raising the topic's prune
+// watermark, so that a client of the topic that resumes below it gets a
+// pruned gap: what a Durable Stream's deletion or TTL, or a finished job
+// stream, needs. It is the primitive per-topic policies are made of, for a
+// caller that decides itself what a topic keeps; events appended after it
+// began are never deleted. The store must be a storage.TopicPruner (both
+// of replayd's are); otherwise PruneTopic deletes nothing and returns an
+// error wrapping errors.ErrUnsupported. topic "" (the broadcasts) is
+// ErrInvalid. Otherwise it is as Prune.
+func (h *EventHub) PruneTopic(ctx context.Context, topic string, through int64) (deleted int64, err error) {
+	if h.isClosed() {
+		return 0, ErrClosed
+	}
+	tp, ok := h.store.(storage.TopicPruner)
+	if !ok {
+		return 0, fmt.Errorf("replayd: prune topic: the store (%T) is no storage.TopicPruner: %w", h.store, errors.ErrUnsupported)
+	}
+	if topic == "" {
+		return 0, fmt.Errorf("replayd: prune topic: %w: the broadcasts are pruned by Prune's default", ErrInvalid)
+	}
+	if err := validateTopic(topic); err != nil {
+		return 0, fmt.Errorf("replayd: prune topic: %w", err)
+	}
+	deleted, err = tp.PruneTopic(ctx, topic, through)
+	h.metrics.pruned(deleted)
+	switch {
+	case err != nil && h.isClosed():
+		return deleted, fmt.Errorf("replayd: prune topic: %w: %w", ErrClosed, err)
+	case err != nil:
+		return deleted, fmt.Errorf("replayd: prune topic: %w", err)
 	}
 	return deleted, nil
 }

@@ -32,8 +32,13 @@ type (
 	AppendResult = storage.AppendResult
 	// RetentionPolicy bounds the log. Zero fields are no limit: MaxEvents
 	// keeps at most that many newest events of the whole log (not per
-	// topic), MaxAge deletes events older than that.
+	// topic), MaxAge deletes events older than that; Topics gives topics
+	// policies of their own (first match wins), the default then bounding
+	// the rest.
 	RetentionPolicy = storage.RetentionPolicy
+	// TopicPolicy is the retention of the topics it matches: an exact
+	// name, or a prefix followed by "*".
+	TopicPolicy = storage.TopicPolicy
 )
 
 var (

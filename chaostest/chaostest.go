@@ -126,6 +126,15 @@ type Config struct {
 	// now and then, and at other times closes every connection hub A's
 	// listener accepted; nil: only the latter.
 	Disconnect func(h *replayd.EventHub)
+	// TopicRetention, if set, prunes per topic (replayd.RetentionPolicy's
+	// Topics): topic t0 every second by a policy of its own (its newest 1
+	// to 10 events, or those older than 0.2 to 1 s) or by PruneTopic (all
+	// of it), t1 never (every prune carries an entry for it without a
+	// limit), the other topics and broadcasts by the pruners' random
+	// default. Scopes over t0, t1 and the rest then lose events in holes
+	// between the events they keep: the oracle holds them to pruned gaps
+	// that name where, and to every kept event delivered.
+	TopicRetention bool
 	// Transactions, if set, makes the publishers also publish inside
 	// transactions on hub A's database (EventHub.InTx), rolling back one in
 	// three: committed events are published ones, rolled-back ones must
@@ -159,8 +168,9 @@ type env struct {
 	optsA, optsB replayd.Options
 	srvA, srvB   *Server // what the oracle knows of hub A and of every hub B
 	urlA, urlB   string
-	connsA       *listener // hub A's server's connections, for server-side kills
-	httpc        *http.Client
+	connsA       *listener    // hub A's server's connections, for server-side kills
+	httpc        *http.Client // SSE clients' and Go clients': a small read buffer
+	pollc        *http.Client // poll clients'
 
 	ledger   *Ledger
 	timeline *Timeline
@@ -310,6 +320,15 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 	}
 	t.Cleanup(transport.CloseIdleConnections)
 	e.httpc = &http.Client{Transport: transport}
+	// Poll clients read each answer whole, so they have no use for the
+	// small read buffer, and an answer of several MiB (large events kept
+	// by a topic retention never prunes) would crawl through it on
+	// loopback: a 16 KiB window below the segment size leaves each
+	// segment to the peer's delayed ACK, about 400 KB/s, and a 4 MiB
+	// answer outlasts the poll's timeout every time it is retried.
+	pollTransport := &http.Transport{DisableKeepAlives: true}
+	t.Cleanup(pollTransport.CloseIdleConnections)
+	e.pollc = &http.Client{Transport: pollTransport}
 
 	e.timeline = NewTimeline()
 	// The storm phase: storms of handshakes from cursor 0 while a large log
@@ -343,6 +362,13 @@ func Run(t *testing.T, newLog func(t *testing.T) Open, cfg Config) {
 		go func() {
 			defer wg.Done()
 			e.pruner(rand.New(rand.NewPCG(seed, uint64(200+p))))
+		}()
+	}
+	if e.cfg.TopicRetention {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.topicPruner(rand.New(rand.NewPCG(seed, 250)))
 		}()
 	}
 	wg.Add(1)
@@ -573,7 +599,18 @@ func (e *env) check(results []clientResult, goRuns []*ClientRun, subA, subB *Sub
 	}
 	for c, ss := range e.polls.sessions {
 		if !e.polls.reached[c] {
-			t.Errorf("poll client %d never reached the fence %d", c, fence)
+			msg := fmt.Sprintf("poll client %d never reached the fence %d", c, fence)
+			if n := len(ss); n > 0 {
+				s := ss[n-1]
+				msg += fmt.Sprintf("; its last session: %s on hub %s, topics %v, %d polls, ended: %s", s.Mode, s.hub, s.Topics, len(s.Polls), s.End)
+				for _, p := range s.Polls[max(0, len(s.Polls)-6):] {
+					msg += fmt.Sprintf("; poll cursor %q limit %d wait %v took %v: status %d", p.Sent, p.Limit, p.Wait, p.Stop-p.Start, p.Status)
+					if p.OK() {
+						msg += fmt.Sprintf(", cursor %d head %d, %d events, gap %q", p.Cursor(), p.Head(), p.Events(), p.Gap())
+					}
+				}
+			}
+			t.Errorf("%s", msg)
 		}
 		in.Polls = append(in.Polls, ss...)
 	}

@@ -333,10 +333,13 @@ type connStats struct {
 //     the hello's cursor; every event a ledger event visible to the scope,
 //     with the published type and data;
 //   - between the cursor and each event, every ledger event visible to the
-//     scope was delivered or lies in the gap's range: no silent hole;
+//     scope was delivered or lies in the gap's range: no silent hole; and,
+//     inside a pruned gap's range, from the first event delivered on,
+//     every one still in the log at the end was delivered (retention per
+//     topic keeps events there);
 //   - the replay (ids up to the hello's head) is at most the replay
 //     limit, all of it when a replay_limit gap was sent, and newer than
-//     the gap's range.
+//     a replay_limit gap's range (a pruned gap's may hold kept events).
 func (v *view) checkConn(c *Conn) (st connStats, err error) {
 	fs := c.frames
 	srv := c.Server
@@ -474,7 +477,7 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		}
 	}
 
-	prev := cursor
+	prev, first := cursor, int64(0) // first: the first event delivered
 	for i, f := range fs {
 		switch f.kind {
 		case 'e':
@@ -496,22 +499,62 @@ func (v *view) checkConn(c *Conn) (st connStats, err error) {
 		case en.hash != f.hash:
 			return st, fmt.Errorf("event %d: type or data differ from what was published", seq)
 		}
-		if g != nil && covered[0] <= covered[1] && seq <= covered[1] {
+		if g != nil && reason != reasonPruned && covered[0] <= covered[1] && seq <= covered[1] {
 			return st, fmt.Errorf("event %d inside or below the gap's range %d..%d", seq, covered[0], covered[1])
 		}
 		for _, s := range v.visibleIn(c.Topics, prev, seq) {
 			if s < covered[0] || s > covered[1] {
 				return st, &holeError{seq: s, prev: prev, next: seq}
 			}
+			// Inside a pruned gap's range the replay window holds every
+			// event the log kept from its first on (topics pruned apart
+			// leave kept events there): one still in the log at the end
+			// was kept, so it is a hole once the replay began.
+			if reason == reasonPruned && prev > cursor && v.inDB[s] {
+				return st, &holeError{seq: s, prev: prev, next: seq}
+			}
 		}
 		if seq <= head {
 			st.replayed++
+		}
+		if first == 0 {
+			first = seq
 		}
 		st.events++
 		prev = seq
 	}
 	if st.replayed > limit {
 		return st, fmt.Errorf("%d events replayed, limit %d", st.replayed, limit)
+	}
+	if reason == reasonPruned && prev > head && st.replayed < limit && first > 0 {
+		// The replay window W is the newest min(|V|, limit) events of V,
+		// the scope's events above the cursor at the handshake; an event
+		// still in the log at the end that precedes the replay was in V.
+		// If it was not in W, every event of W is above it, and each was
+		// either replayed or deleted during the replay at or below the
+		// gap's range's end (a deletion above it, past what was written,
+		// ends the stream). So with s the highest such event and D the
+		// scope's events above s, in the range, gone at the end,
+		// replayed+D < limit means |W| < limit: W was all of V, s in it,
+		// and not replaying s is a hole. (Fewer replayed than the limit
+		// alone proves nothing: W's events may be pruned mid-replay.)
+		kept := int64(0)
+		for _, s := range v.visibleIn(c.Topics, cursor, first) {
+			if v.inDB[s] {
+				kept = s
+			}
+		}
+		if kept > 0 {
+			gone := 0
+			for _, s := range v.visibleIn(c.Topics, kept, covered[1]+1) {
+				if !v.inDB[s] {
+					gone++
+				}
+			}
+			if st.replayed+gone < limit {
+				return st, fmt.Errorf("event %d was kept inside the pruned gap's range but not replayed (%d replayed, %d of the scope above it in the range pruned, limit %d, first %d)", kept, st.replayed, gone, limit, first)
+			}
+		}
 	}
 	if reason == reasonReplayLimit && prev > head && st.replayed != limit {
 		return st, fmt.Errorf("replay_limit gap but %d events replayed, limit %d", st.replayed, limit)

@@ -196,12 +196,14 @@ func (v *view) checkPoll(s *PollSession, p *Poll) (int, error) {
 			return 0, fmt.Errorf("event %d: topic %v, published on %q", ev.seq, ev.topic, en.topic)
 		case ev.hash != en.polled:
 			return 0, fmt.Errorf("event %d: type or data differ from what was published", ev.seq)
-		case covered[0] <= covered[1] && ev.seq <= covered[1]:
-			return 0, fmt.Errorf("event %d inside or below the gap's range %d..%d", ev.seq, covered[0], covered[1])
 		}
 		if checkHoles {
+			// Events of the scope inside the pruned gap's range may follow
+			// it (topics pruned apart keep some there), and every one
+			// still in the log at the end must: an answer holds the oldest
+			// events above its cursor.
 			for _, s := range v.visibleIn(s.Topics, prev, ev.seq) {
-				if s < covered[0] || s > covered[1] {
+				if s < covered[0] || s > covered[1] || v.inDB[s] {
 					return 0, &holeError{seq: s, prev: prev, next: ev.seq}
 				}
 			}

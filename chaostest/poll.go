@@ -212,7 +212,7 @@ func (e *env) pollOnce(s *PollSession, cursor string, limit int, wait time.Durat
 		e.t.Errorf("poll: %v", err)
 		return p
 	}
-	resp, err := e.httpc.Do(req)
+	resp, err := e.pollc.Do(req)
 	if err != nil {
 		e.polls.dropped.Add(1)
 		return p // status 0: retried

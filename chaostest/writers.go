@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -199,6 +200,9 @@ func (e *env) pruner(rng *rand.Rand) {
 		default:
 			policy.MaxEvents = int64(50 + rng.IntN(3000))
 		}
+		if e.cfg.TopicRetention {
+			policy.Topics = topicPolicies(rng)
+		}
 		h, name := e.hubA, "A"
 		if rng.IntN(3) == 0 {
 			h, name = e.hubB.Load(), "B"
@@ -210,6 +214,56 @@ func (e *env) pruner(rng *rand.Rand) {
 		e.stats.pruneCalls.Add(1)
 		e.stats.pruned.Add(n)
 		e.timeline.Add(fmt.Sprintf("prune on hub %s %+v: %d deleted", name, policy, n))
+	}
+}
+
+// topicPolicies are Config.TopicRetention's entries: t0 by its own
+// limits, t1 never pruned.
+func topicPolicies(rng *rand.Rand) []replayd.TopicPolicy {
+	t0 := replayd.TopicPolicy{Topic: "t0"}
+	if rng.IntN(2) == 0 {
+		t0.MaxEvents = int64(1 + rng.IntN(10))
+	} else {
+		t0.MaxAge = time.Duration(200+rng.IntN(800)) * time.Millisecond
+	}
+	return []replayd.TopicPolicy{{Topic: "t1"}, t0}
+}
+
+// topicPruner prunes t0 every second (Config.TopicRetention), on hub A or
+// B: by its policy alone (the default has no limit), or all of it with
+// PruneTopic, one time in four.
+func (e *env) topicPruner(rng *rand.Rand) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		}
+		h, name := e.hubA, "A"
+		if rng.IntN(3) == 0 {
+			h, name = e.hubB.Load(), "B"
+		}
+		var (
+			n    int64
+			err  error
+			what string
+		)
+		if rng.IntN(4) == 0 {
+			n, err = h.PruneTopic(context.Background(), "t0", math.MaxInt64)
+			what = "PruneTopic t0"
+		} else {
+			policy := replayd.RetentionPolicy{Topics: topicPolicies(rng)}
+			n, err = h.Prune(context.Background(), policy)
+			what = fmt.Sprintf("prune %+v", policy)
+		}
+		if err != nil && !errors.Is(err, replayd.ErrClosed) {
+			e.t.Errorf("%s on hub %s: %v", what, name, err)
+		}
+		e.stats.pruneCalls.Add(1)
+		e.stats.pruned.Add(n)
+		e.timeline.Add(fmt.Sprintf("%s on hub %s: %d deleted", what, name, n))
 	}
 }
 

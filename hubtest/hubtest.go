@@ -80,6 +80,8 @@ var subtests = []struct {
 	{"HeadNeverGoesBackwards", testHeadNeverGoesBackwards},
 	{"PruneByAgeBelowOneSecond", testPruneByAgeBelowOneSecond},
 	{"StartRetention", testStartRetention},
+	{"TopicRetentionMixedScopeGaps", testTopicRetentionMixedScopeGaps},
+	{"TopicRetentionPrunedBeforeLiveDelivery", testTopicRetentionPrunedBeforeLiveDelivery},
 	// tail.go
 	{"TailDeliversOtherWritersExactlyOnce", testTailDeliversOtherWritersExactlyOnce},
 	{"PublishCatchesUpOtherWriters", testPublishCatchesUpOtherWriters},

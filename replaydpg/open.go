@@ -129,6 +129,7 @@ type queries struct {
 	newestSeqGlobal, newestSeqTopics                     string
 	countGlobal, countTopics                             string
 	pruneEdges, pruneBatch                               string // prune.go
+	prune                                                topicPruneQueries
 	txPublish, txStored                                  string // outbox.go
 	txStatus, outboxAny, outboxTake, outboxDelete        string // relay.go
 	streamGet, streamPut, streamDelete                   string // streams.go
@@ -147,7 +148,7 @@ func newQueries(p string) queries {
 		oldestGlobal: render(qOldestGlobal, p), oldestTopics: render(qOldestTopics, p),
 		pageGlobal: render(qPageGlobal, p), pageTopics: render(qPageTopics, p),
 		countGlobal: render(qCountGlobal, p), countTopics: render(qCountTopics, p),
-		pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p),
+		pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p), prune: newTopicPruneQueries(p),
 		txPublish: render(qTxPublish, p), txStored: render(qTxStored, p), outboxAny: render(qOutboxAny, p),
 		outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p), txStatus: qTxStatus,
 		streamGet: render(qStreamGet, p), streamPut: render(qStreamPut, p), streamDelete: render(qStreamDelete, p),

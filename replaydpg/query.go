@@ -313,7 +313,10 @@ func (s *Store) Count(ctx context.Context, scope []string, after, before int64) 
 	if err != nil {
 		return 0, err
 	}
-	count, args := s.q.countGlobal, []any{}
+	// The global scope's ordinals have holes below the hole mark (topics
+	// pruned apart, prune.go): there the rows are counted one by one, and
+	// by ordinals above it.
+	count, args := s.q.prune.countGlobalAbove, []any{}
 	if len(topics) > 0 {
 		count, args = s.q.countTopics, []any{topics}
 	}
@@ -321,18 +324,27 @@ func (s *Store) Count(ctx context.Context, scope []string, after, before int64) 
 	b.Queue(qBeginSnapshot)
 	b.Queue(count, append(args, after)...)
 	b.Queue(count, append(args, before-1)...)
+	if len(topics) == 0 {
+		b.Queue(s.q.prune.countBelowHole, after, before)
+	}
 	b.Queue("COMMIT")
-	var above, atOrAbove, first int64
+	var above, atOrAbove, below, first int64
 	err = s.snapshot(ctx, b, func(br pgx.BatchResults) error {
 		if err := br.QueryRow().Scan(&above, &first); err != nil {
 			return err
 		}
-		return br.QueryRow().Scan(&atOrAbove, &first)
+		if err := br.QueryRow().Scan(&atOrAbove, &first); err != nil {
+			return err
+		}
+		if len(topics) == 0 {
+			return br.QueryRow().Scan(&below)
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("replaydpg: count: %w", err)
 	}
-	return above - atOrAbove, nil
+	return above - atOrAbove + below, nil
 }
 
 func defaultLimit(limit int) int {

@@ -13,10 +13,12 @@ import (
 //     row's lock, never by an identity column (see Store). topic is NULL
 //     for a broadcast. topic_ord numbers the rows of one topic (broadcasts
 //     are their own group) and global_ord numbers every row; both are
-//     assigned under the same lock and, since only a prefix of the log is
-//     ever deleted, are contiguous over the retained rows, so the number of
-//     a group's rows in a range is a difference of two ordinals found by
-//     index.
+//     assigned under the same lock and, since only a prefix of each topic
+//     is ever deleted, topic_ord is contiguous over a group's retained
+//     rows, so the number of a group's rows in a range is a difference of
+//     two ordinals found by index. global_ord is too as long as only
+//     prefixes of the log are deleted; below the hole mark (prune.go,
+//     holeKey: topics pruned apart) it is not, and is not trusted there.
 //   - p+"head": one row holding the highest sequence ever assigned, the
 //     number of rows ever inserted, and the newest created_at. Its row lock
 //     serialises appends; it never goes backwards, whatever is deleted.
@@ -89,6 +91,8 @@ var schema = []string{
 		state    bytea NOT NULL,
 		PRIMARY KEY (topic, producer)
 	)`,
+	// The records the Durable Streams sweep must look at (DueStreams).
+	`CREATE INDEX IF NOT EXISTS %[1]sstreams_due ON %[1]sstreams (expires_at, topic) WHERE expires_at > 0`,
 }
 
 // qSchemaColumns checks that an events table found under the prefix is ours.

@@ -66,6 +66,9 @@ const (
 	qProducerPut = `INSERT INTO %[1]sstream_producers (topic, producer, state) VALUES ($1, $2, $3)
 		ON CONFLICT (topic, producer) DO UPDATE SET state = excluded.state`
 
+	qStreamDue = `SELECT topic, meta, expires_at FROM %[1]sstreams
+		WHERE expires_at > 0 AND expires_at <= $1 ORDER BY expires_at, topic LIMIT $2`
+
 	// The topic's own watermark, newest event and whether an event of it
 	// has sequence $2. The topic's rows are bounded by row comparisons, as
 	// in query.go (see schema.go).
@@ -411,4 +414,28 @@ func (s *Store) ReadStream(ctx context.Context, req storage.StreamReadRequest) (
 	}
 	s.saw(p.Head)
 	return p, nil
+}
+
+// DueStreams lists the records due by now, through the partial index on
+// expires_at (schema.go), in one statement (one snapshot).
+func (s *Store) DueStreams(ctx context.Context, now int64, limit int) ([]storage.StreamRecord, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.pool.Query(ctx, render(qStreamDue, s.prefix), now, limit)
+	if err != nil {
+		return nil, fmt.Errorf("replaydpg: list due streams: %w", err)
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (storage.StreamRecord, error) {
+		var rec storage.StreamRecord
+		err := row.Scan(&rec.Topic, &rec.Meta, &rec.ExpiresAt)
+		return rec, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replaydpg: list due streams: %w", err)
+	}
+	return recs, nil
 }

@@ -23,31 +23,48 @@ var (
 //
 //	go test -run '^TestChaos$' -chaos.seed=42 -chaos.duration=5m .
 func TestChaos(t *testing.T) {
+	chaostest.Run(t, redisChaosLog, chaostest.Config{Seed: *chaosSeedFlag, Duration: chaosDuration()})
+}
+
+// TestChaosTopicRetention is TestChaos with retention per topic (issue
+// 30): t0 pruned every second by a policy of its own, t1 never, the rest
+// by the pruners' random default (chaostest.Config.TopicRetention).
+func TestChaosTopicRetention(t *testing.T) {
+	chaostest.Run(t, redisChaosLog, chaostest.Config{Seed: *chaosSeedFlag, Duration: chaosDuration(), TopicRetention: true})
+}
+
+// chaosDuration is -chaos.duration, 10 s when unset (the package's suite
+// runs in CI), 2 s with -short.
+func chaosDuration() time.Duration {
 	duration := *chaosDurationFlag
 	if duration <= 0 && !testing.Short() {
-		duration = 10 * time.Second // the package's suite runs in CI
+		duration = 10 * time.Second
 	}
+	return duration
+}
+
+// redisChaosLog opens every hub of a chaos run as another node would: its
+// own Store and clients, on the log of a fresh prefix of one redis-server.
+func redisChaosLog(t *testing.T) chaostest.Open {
 	srv := redisserver.Start(t)
-	chaostest.Run(t, func(t *testing.T) chaostest.Open {
-		prefix := testPrefix(t)
-		return func(opts replayd.Options) (*replayd.EventHub, func(), error) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			s, err := Open(ctx, srv.URL(), WithPrefix(prefix))
-			if err != nil {
-				return nil, nil, err
-			}
-			h, err := replayd.NewWithStore(s, opts)
-			if err != nil {
-				s.Close()
-				return nil, nil, err
-			}
-			return h, func() {
-				if err := h.Close(); err != nil {
-					t.Errorf("close a hub: %v", err)
-				}
-				s.Close()
-			}, nil
+	prefix := testPrefix(t)
+	return func(opts replayd.Options) (*replayd.EventHub, func(), error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		s, err := Open(ctx, srv.URL(), WithPrefix(prefix))
+		if err != nil {
+			return nil, nil, err
 		}
-	}, chaostest.Config{Seed: *chaosSeedFlag, Duration: duration})
+		h, err := replayd.NewWithStore(s, opts)
+		if err != nil {
+			s.Close()
+			return nil, nil, err
+		}
+		return h, func() {
+			if err := h.Close(); err != nil {
+				t.Errorf("close a hub: %v", err)
+			}
+			s.Close()
+		}, nil
+	}
 }

@@ -100,6 +100,31 @@ local function put(seq, id, typ, topic, payload, at)
 	redis.call('ZADD', P .. 'all', seq, seq)
 	redis.call('ZADD', tkey(topic), seq, seq)
 	redis.call('HSET', P .. 'ids', id, seq)
+	if topic ~= '' then redis.call('SADD', P .. 'topics', topic) end
+end
+
+-- entry returns the stream entry {id, fields} of sequence seq, or nil.
+local function entry(seq)
+	local id = str(seq) .. '-0'
+	return redis.call('XRANGE', P .. 'log', id, id)[1]
+end
+
+-- del deletes the event of stream entry e from the stream and its indexes,
+-- raising its topic's watermark and the global one.
+local function del(e)
+	local seq, f = seqOf(e[1]), e[2]
+	local id, topic, s = f[2], f[6], str(seqOf(e[1]))
+	local k = tkey(topic)
+	redis.call('XDEL', P .. 'log', e[1])
+	redis.call('ZREM', P .. 'all', s)
+	redis.call('ZREM', k, s)
+	if topic ~= '' and redis.call('ZCARD', k) == 0 then redis.call('SREM', P .. 'topics', topic) end
+	if redis.call('HGET', P .. 'ids', id) == s then redis.call('HDEL', P .. 'ids', id) end
+	local field = 'b'
+	if topic ~= '' then field = 't:' .. topic end
+	for _, fl in ipairs({field, '*'}) do
+		if seq > num(redis.call('HGET', P .. 'marks', fl)) then redis.call('HSET', P .. 'marks', fl, s) end
+	end
 end
 
 -- load returns the event of sequence seq as {seq, id, type, topic,

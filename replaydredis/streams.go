@@ -15,7 +15,9 @@ package replaydredis
 // order stays visibility order (the commit writes them in one script).
 //
 // A record is the hash {P}:s:<T> (m: the metadata, x: the expiry), a
-// topic's producers the hash {P}:p:<T> (producer id -> state). The cost of
+// topic's producers the hash {P}:p:<T> (producer id -> state); the sorted
+// set {P}:due indexes the records with an expiry (score the expiry, member
+// the topic), for DueStreams. The cost of
 // optimism: a transaction that appends retries while other appends land
 // between its first append and its commit; UpdateStreams gives up after
 // maxStreamAttempts.
@@ -71,9 +73,15 @@ while i <= #ARGV do
 	if op == 'S' then
 		redis.call('DEL', P .. 's:' .. ARGV[i + 1])
 		redis.call('HSET', P .. 's:' .. ARGV[i + 1], 'm', ARGV[i + 2], 'x', ARGV[i + 3])
+		if tonumber(ARGV[i + 3]) > 0 then
+			redis.call('ZADD', P .. 'due', ARGV[i + 3], ARGV[i + 1])
+		else
+			redis.call('ZREM', P .. 'due', ARGV[i + 1])
+		end
 		i = i + 4
 	elseif op == 'D' then
 		redis.call('DEL', P .. 's:' .. ARGV[i + 1], P .. 'p:' .. ARGV[i + 1])
+		redis.call('ZREM', P .. 'due', ARGV[i + 1])
 		i = i + 2
 	elseif op == 'P' then
 		redis.call('HSET', P .. 'p:' .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
@@ -407,4 +415,45 @@ func (s *Store) ReadStream(ctx context.Context, req storage.StreamReadRequest) (
 	}
 	s.saw(p.Head)
 	return p, nil
+}
+
+// dueScript: ARGV[2] now (Unix milliseconds), ARGV[3] the limit. It
+// returns topic, metadata and expiry of each record due, flat.
+var dueScript = newScript(`
+local out = {}
+for _, topic in ipairs(redis.call('ZRANGEBYSCORE', P .. 'due', '(0', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))) do
+	local rec = redis.call('HMGET', P .. 's:' .. topic, 'm', 'x')
+	if rec[1] then
+		out[#out + 1] = topic
+		out[#out + 1] = rec[1]
+		out[#out + 1] = num(rec[2])
+	end
+end
+return out
+`)
+
+// DueStreams returns the records whose ExpiresAt is due by now, earliest
+// first, then by topic (see storage.StreamStore): a range of {P}:due.
+func (s *Store) DueStreams(ctx context.Context, now int64, limit int) ([]storage.StreamRecord, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	if now <= 0 {
+		return nil, nil
+	}
+	v, err := dueScript.Run(ctx, s.c, nil, s.p, seqArg(now), strconv.Itoa(limit)).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("replaydredis: due streams: %w", err)
+	}
+	var out []storage.StreamRecord
+	for i := 0; i+2 < len(v); i += 3 {
+		topic, _ := v[i].(string)
+		meta, _ := v[i+1].(string)
+		x, _ := v[i+2].(int64)
+		out = append(out, storage.StreamRecord{Topic: topic, Meta: []byte(meta), ExpiresAt: x})
+	}
+	return out, nil
 }

@@ -181,9 +181,13 @@ func (s *Store) windowStart(ctx context.Context, q querier, topics []string, aft
 // and the last row of the branch in the range, whose ordinals differ by one
 // less than the rows between them. That is exact because the writer numbers
 // each branch's rows 1, 2, 3, ... in sequence order, and rows are only ever
-// deleted by retention, which deletes a prefix of the log: a branch's
-// retained rows are a suffix of its rows, numbered without a hole, however
-// much was pruned below them. (A log reset from outside starts the numbers
+// deleted by retention, which deletes a prefix of each topic (of the log,
+// without per-topic policies): a topic's or the broadcasts' retained rows
+// are a suffix of its rows, numbered without a hole, however much was
+// pruned below them. The global scope's ordinals have holes below the hole
+// mark once topics were pruned apart (see holeKey): there span may count
+// deleted rows, which Window allows (see storage.Window) and exactSpan,
+// Count's, does not. (A log reset from outside starts the numbers
 // again at 1 with the first new row, which keeps that true.) Rows not yet
 // numbered, left by an earlier version of replayd writing the same file, are
 // counted row by row instead.
@@ -238,6 +242,41 @@ func (s *Store) span(ctx context.Context, q querier, topics []string, after, bef
 	return sp, nil
 }
 
+// exactSpan is span, exact for the global scope too when per-topic
+// retention left holes in the global ordinals: below the hole mark (see
+// holeKey) it counts the rows one by one, above it by ordinals. Topics'
+// and broadcasts' ordinals never have holes (each loses only a prefix).
+// Window needs no exact count there (the scope's watermark is then above
+// the cursor: a pruned gap, which counts nothing), so only Count pays it.
+func (s *Store) exactSpan(ctx context.Context, q querier, topics []string, after, before int64) (storage.Span, error) {
+	if len(topics) > 0 || before <= after+1 {
+		return s.span(ctx, q, topics, after, before)
+	}
+	var hole int64
+	if err := q.QueryRowContext(ctx, qHoleMark).Scan(&hole); err != nil {
+		return storage.Span{}, err
+	}
+	if after >= hole {
+		return s.span(ctx, q, topics, after, before)
+	}
+	var low storage.Span
+	if err := q.QueryRowContext(ctx, scopeQuery(kindCount, 0), after, min(before, hole+1)).Scan(&low.Count, &low.First, &low.Last); err != nil {
+		return low, err
+	}
+	if before <= hole+1 {
+		return low, nil
+	}
+	high, err := s.span(ctx, q, topics, hole, before)
+	if err != nil || low.Count == 0 {
+		return high, err
+	}
+	if high.Count > 0 {
+		low.Count += high.Count
+		low.Last = high.Last
+	}
+	return low, nil
+}
+
 // watermark returns the highest prune watermark that applies to scope: its
 // topics' and the broadcasts', or any topic's for the global scope.
 func (s *Store) watermark(ctx context.Context, q querier, topics []string) (int64, error) {
@@ -289,9 +328,10 @@ func (s *Store) handshakeTx(ctx context.Context, tx querier, topics []string, cu
 	if hs.Watermark, err = s.watermark(ctx, tx, topics); err != nil {
 		return hs, err
 	}
-	// Every event of the scope at or below the watermark is gone: W starts
-	// above it (a window of fewer than limit events starts at cursor+1).
-	hs.From = max(hs.From, hs.Watermark+1)
+	// The window may start at or below the watermark: events of topics
+	// pruned less are retained there, and are replayed after the pruned
+	// gap that names the range (see storage.Store, Retention and
+	// watermarks).
 	return hs, nil
 }
 

@@ -52,6 +52,8 @@ var schema = []string{
 		state    BLOB NOT NULL,
 		PRIMARY KEY (topic, producer)
 	) WITHOUT ROWID`,
+	// The records the Durable Streams sweep must look at (DueStreams).
+	`CREATE INDEX IF NOT EXISTS events_streams_due ON events_streams (expires_at, topic) WHERE expires_at > 0`,
 }
 
 // The topic index covers topic_ordinal, so a count reads no table row.

@@ -289,7 +289,7 @@ func (s *Store) Window(ctx context.Context, scope []string, cursor int64, limit 
 // span), in one read transaction.
 func (s *Store) Count(ctx context.Context, scope []string, after, before int64) (n int64, err error) {
 	err = s.readTx(ctx, func(tx querier) error {
-		sp, err := s.span(ctx, tx, scope, after, before)
+		sp, err := s.exactSpan(ctx, tx, scope, after, before)
 		n = sp.Count
 		return err
 	})

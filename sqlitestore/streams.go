@@ -25,6 +25,9 @@ const (
 	qProducerPut     = `INSERT INTO events_stream_producers (topic, producer, state) VALUES (?, ?, ?)
 		ON CONFLICT (topic, producer) DO UPDATE SET state = excluded.state`
 
+	qStreamDue = `SELECT topic, meta, expires_at FROM events_streams
+		WHERE expires_at > 0 AND expires_at <= ? ORDER BY expires_at, topic LIMIT ?`
+
 	qStreamWatermark = `SELECT coalesce((SELECT sequence FROM events_prune_watermarks WHERE topic = ?), 0)`
 	qStreamLast      = `SELECT coalesce(max(sequence), 0) FROM events WHERE topic = ?`
 	qStreamAt        = `SELECT EXISTS (SELECT 1 FROM events WHERE topic = ? AND sequence = ?)`
@@ -281,4 +284,31 @@ func (s *Store) ReadStream(ctx context.Context, req storage.StreamReadRequest) (
 	}
 	s.saw(p.Head)
 	return p, nil
+}
+
+// DueStreams lists the records due by now, through the partial index on
+// expires_at (schema.go).
+func (s *Store) DueStreams(ctx context.Context, now int64, limit int) (recs []storage.StreamRecord, err error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	err = s.readTx(ctx, func(q querier) error {
+		rows, err := q.QueryContext(ctx, qStreamDue, now, limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var rec storage.StreamRecord
+			if err := rows.Scan(&rec.Topic, &rec.Meta, &rec.ExpiresAt); err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replayd: list due streams: %w", err)
+	}
+	return recs, nil
 }

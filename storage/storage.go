@@ -1,7 +1,8 @@
 // Package storage is the contract between a replayd hub and the durable
 // log behind it, in the manner of database/sql/driver: the [Store]
 // interface, its optional capabilities ([Notifier], [SchemaEnsurer],
-// [WriteProber], [PoolSizer], [PromptAppender], [TxAppender], [Counter]),
+// [WriteProber], [PoolSizer], [PromptAppender], [TxAppender], [Counter],
+// [TopicPruner]),
 // and the values that cross it. A backend imports only this package.
 // Applications name the few types they meet (Store, Event, AppendResult,
 // RetentionPolicy) through their aliases in package replayd, which are the
@@ -18,6 +19,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -32,9 +35,83 @@ type Event struct {
 }
 
 // RetentionPolicy bounds the log. Zero fields are no limit.
+//
+// Without Topics, MaxEvents and MaxAge bound the whole log. With Topics,
+// a topic that an entry of Topics matches is pruned by the first entry that
+// matches it (first match wins, in the order given) and by nothing else,
+// and MaxEvents and MaxAge bound the rest of the log: the broadcasts and
+// the events of every topic no entry matches (MaxEvents then counts those
+// events only). So an audit topic can be kept for a month while the
+// default keeps a day, and a chatty feed for minutes. See
+// docs/operations.md, "Retention per topic".
 type RetentionPolicy struct {
-	MaxEvents int64         // keep at most this many newest events of the whole log (not per topic); 0: no count limit
+	MaxEvents int64         // keep at most this many newest events of the whole log (not per topic; with Topics: of the events no entry matches); 0: no count limit
 	MaxAge    time.Duration // delete events older than this; 0: no age limit
+	// Topics are per-topic policies, first match wins; nil: none.
+	Topics []TopicPolicy
+}
+
+// TopicPolicy is the retention of the topics it matches (see
+// [RetentionPolicy]). Zero limits are no limit: a TopicPolicy with
+// neither keeps its topics' events for ever, whatever the default.
+type TopicPolicy struct {
+	// Topic is an exact topic name, or a prefix followed by "*", which
+	// matches every topic that starts with the prefix ("*" alone: every
+	// topic). "*" may only end it, the syntax of replayd serve's publish-key
+	// and token patterns. It never matches broadcasts, which the default
+	// governs.
+	Topic     string
+	MaxEvents int64         // keep at most this many newest events of each topic it matches; 0: no count limit
+	MaxAge    time.Duration // delete its topics' events older than this; 0: no age limit
+}
+
+// Match reports whether p's Topic covers topic ("" is a broadcast, and
+// never matched).
+func (p TopicPolicy) Match(topic string) bool {
+	if topic == "" {
+		return false
+	}
+	if prefix, ok := strings.CutSuffix(p.Topic, "*"); ok {
+		return strings.HasPrefix(topic, prefix)
+	}
+	return topic == p.Topic
+}
+
+// For returns the entry of Topics that governs topic: the first that
+// matches it, and false when none does (the default governs it, as it
+// does broadcasts).
+func (p RetentionPolicy) For(topic string) (TopicPolicy, bool) {
+	for _, tp := range p.Topics {
+		if tp.Match(topic) {
+			return tp, true
+		}
+	}
+	return TopicPolicy{}, false
+}
+
+// IsZero reports whether p deletes nothing: no limit of the default and no
+// entry of Topics. (A RetentionPolicy holds a slice, so it cannot be
+// compared with ==.)
+func (p RetentionPolicy) IsZero() bool {
+	return p.MaxEvents <= 0 && p.MaxAge <= 0 && len(p.Topics) == 0
+}
+
+// Validate reports a policy a store must refuse, wrapping [ErrInvalid]: an
+// entry of Topics whose Topic is empty or has a "*" anywhere but at its
+// end, or whose limits are negative. (A negative MaxEvents or MaxAge of
+// the default is no limit, as it always was.)
+func (p RetentionPolicy) Validate() error {
+	for _, tp := range p.Topics {
+		switch {
+		case tp.Topic == "":
+			return fmt.Errorf("%w: retention: a topic policy without a topic", ErrInvalid)
+		case strings.Contains(strings.TrimSuffix(tp.Topic, "*"), "*"):
+			return fmt.Errorf("%w: retention: topic pattern %q: * may only end a pattern", ErrInvalid, tp.Topic)
+		case tp.MaxEvents < 0 || tp.MaxAge < 0:
+			return fmt.Errorf("%w: retention: topic %q: negative limit", ErrInvalid, tp.Topic)
+		}
+	}
+	return nil
 }
 
 // ErrInvalid is wrapped by every error that rejects bad input to Publish,
@@ -135,14 +212,36 @@ var ErrOutcomeUnknown = errors.New("replayd: outcome unknown: the event may or m
 //
 // # Retention and watermarks
 //
-// Events are only ever deleted by Prune, and only as a prefix of the log
-// (the oldest, by sequence). In the same atomic step as each delete, Prune
-// records for each topic it deleted from (broadcasts count as the topic "")
-// the highest sequence it deleted: that topic's prune watermark, which never
-// goes down. The watermark of a scope is the highest of its topics' and the
-// broadcasts', or of every topic for the global scope. So a reader that finds
-// a scope's watermark not above its cursor knows that nothing of the scope
-// above the cursor was deleted before its read.
+// Events are only ever deleted by Prune (and a [TopicPruner]'s
+// PruneTopic), and, for each topic, only as a prefix of that topic's
+// events (the oldest, by sequence; broadcasts count as the topic ""). A
+// policy without Topics deletes a prefix of the whole log, which is that;
+// per-topic policies delete a prefix of each topic, so the retained events
+// of a busy topic and those of a quiet one may interleave with the holes
+// retention left. In the same atomic step as each delete, the store
+// records for each topic it deleted from the highest sequence it deleted:
+// that topic's prune watermark, which never goes down. So every event of a
+// topic at or below its watermark is deleted, and every retained one is
+// above it.
+//
+// The watermark of a scope is the highest of its topics' and the
+// broadcasts', or of every topic for the global scope. A reader that finds
+// it not above its cursor knows that nothing of the scope above the cursor
+// was deleted before its read. A reader that finds it above the cursor, P,
+// knows that the scope lost events above the cursor (the one at P at
+// least), and none above P: the range (cursor, P] names exactly where the
+// scope lost events. Events of the scope retained inside that range (of
+// topics pruned less, or never) are still there and still read: Read
+// returns them and Window's replay window includes them, so that a client
+// told of the range is still sent what was kept (the hub sends a pruned gap
+// naming the range, then those events; see replayd's PROTOCOL.md, "gap").
+//
+// A store numbers rows to count them by index (sqlitestore's ordinals,
+// replaydpg's): per-topic numbering stays without holes, since each topic
+// loses only a prefix; a numbering of the whole log does not once topics
+// are pruned apart, which is why Window's Skipped.Count is promised exact
+// only when the scope's watermark is not above the cursor (below, the hub
+// counts nothing: a pruned gap's missed is null).
 //
 // # Calls, concurrency, errors
 //
@@ -203,9 +302,11 @@ type Store interface {
 	// window starts (the window is the newest min(|V|, limit) events of V,
 	// the scope's events above cursor, none when limit <= 0); the span of V
 	// below that window (what the client missed and is told in a gap); and
-	// the scope's watermark. From-1 is at or above the cursor, the
-	// watermark and every skipped event, so that reading the window is
-	// reading the scope above From-1 (see Window). It reports whether the
+	// the scope's watermark. From-1 is at or above the cursor and every
+	// skipped event, so that reading the window is reading the scope above
+	// From-1 (see Window); it may be below the watermark, whose range may
+	// hold retained events of topics pruned less (see the type's doc,
+	// Retention and watermarks): they are in the window. It reports whether the
 	// cursor is foreign (see the sequence floor). With cursor >= head, or a
 	// foreign cursor, only Head and Foreign are meaningful.
 	//
@@ -216,8 +317,12 @@ type Store interface {
 
 	// Prune deletes the events policy condemns (see RetentionPolicy: all
 	// but the newest MaxEvents, and those whose CreatedAt is older than
-	// MaxAge), recording watermarks as the type's doc says, in bounded
-	// batches so that a large prune never blocks appends for long. It
+	// MaxAge, of the whole log or, with Topics, of each topic an entry
+	// governs and of the rest), recording watermarks as the type's doc
+	// says, in bounded batches so that a large prune never blocks appends
+	// for long. An invalid policy (RetentionPolicy.Validate) deletes
+	// nothing and returns its error. Events appended after the prune began
+	// are never condemned by it. It
 	// returns how many events it deleted, also when it returns an error part
 	// way. Several hubs may prune one log at once; each counts only what it
 	// deleted.
@@ -259,8 +364,8 @@ type Page struct {
 type Window struct {
 	Head      int64
 	From      int64 // the replay window is the scope's events in [From, Head]; Head+1 when it is empty
-	Skipped   Span  // the scope's retained events above the cursor and below From
-	Watermark int64 // the scope's prune watermark
+	Skipped   Span  // the scope's retained events above the cursor and below From; Count exact when Watermark <= cursor (see Store, Retention and watermarks)
+	Watermark int64 // the scope's prune watermark: when above the cursor, the scope lost events in (cursor, Watermark] and none above
 	Foreign   bool  // the cursor is foreign: above Head, or inside a skipped range (see the sequence floor)
 }
 
@@ -303,6 +408,21 @@ type WriteProber interface {
 // catching up on other processes' rows. 0 means no bound.
 type PoolSizer interface {
 	PoolSize() int
+}
+
+// TopicPruner is an optional [Store] capability: a store that deletes the
+// events of one topic, the primitive per-topic retention is made of, for
+// callers that decide themselves what a topic keeps (a Durable Stream's
+// TTL or deletion, a job stream's retention).
+type TopicPruner interface {
+	// PruneTopic deletes every event of topic (not "": broadcasts are
+	// pruned by Prune's default) with a sequence at or below through
+	// (math.MaxInt64: all of them, so far), a prefix of the topic, in
+	// bounded batches, raising the topic's watermark as Prune does. It
+	// returns how many events it deleted, also when it returns an error
+	// part way. Events appended after the call began are never deleted by
+	// it.
+	PruneTopic(ctx context.Context, topic string, through int64) (int64, error)
 }
 
 // Counter is an optional [Store] capability: a store that counts a

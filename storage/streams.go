@@ -34,6 +34,16 @@ type StreamStore interface {
 	// topic (At, Watermark, Head, Foreign), and the topic's newest event
 	// (Last).
 	ReadStream(ctx context.Context, req StreamReadRequest) (StreamPage, error)
+
+	// DueStreams returns the records whose ExpiresAt is due by now (Unix
+	// milliseconds): above 0 and at or below now, the earliest first (then
+	// by topic), at most limit (<= 0: 100). It is how the hub's sweep of
+	// Durable Streams finds the streams that expired and the log that
+	// deleted ones left to reclaim; a store should index ExpiresAt so that
+	// its cost follows what it returns, not how many streams there are. It
+	// reads one snapshot, outside any stream transaction: the sweep checks
+	// each record again in one.
+	DueStreams(ctx context.Context, now int64, limit int) ([]StreamRecord, error)
 }
 
 // StreamTx is a transaction of [StreamStore.UpdateStreams]. Its writes
@@ -44,7 +54,8 @@ type StreamTx interface {
 	// PutStream stores rec, replacing the record of its topic.
 	PutStream(ctx context.Context, rec StreamRecord) error
 	// DeleteStream removes the record of topic and every producer state of
-	// it. The topic's events stay in the log.
+	// it. The topic's events stay in the log (the hub prunes them itself,
+	// through a [TopicPruner]).
 	DeleteStream(ctx context.Context, topic string) error
 	// Producer returns the state stored for a producer of topic, and
 	// whether there is one.
@@ -65,8 +76,10 @@ type StreamRecord struct {
 	// Meta is the hub's encoding of the stream's metadata; the store keeps
 	// it as it is.
 	Meta []byte
-	// ExpiresAt is when the stream expires, in Unix milliseconds; 0:
-	// never. A store may index it, to find expired streams.
+	// ExpiresAt is when the hub must look at the record again, in Unix
+	// milliseconds (0: never): when the stream expires, or at once (1) when
+	// the hub has its log to reclaim. [StreamStore.DueStreams] lists the
+	// records by it.
 	ExpiresAt int64
 }
 

@@ -61,6 +61,23 @@ func (m *model) prunePrefix(n int) {
 	m.evs = slices.Clone(m.evs[n:])
 }
 
+// pruneWhere drops the events condemned says, raising watermarks; it
+// returns how many it dropped.
+func (m *model) pruneWhere(condemned func(replayd.Event) bool) int64 {
+	var kept []replayd.Event
+	var n int64
+	for _, e := range m.evs {
+		if condemned(e) {
+			m.marks[e.Topic] = max(m.marks[e.Topic], e.Sequence)
+			n++
+			continue
+		}
+		kept = append(kept, e)
+	}
+	m.evs = kept
+	return n
+}
+
 func visible(e replayd.Event, scope []string) bool {
 	return len(scope) == 0 || e.Topic == "" || slices.Contains(scope, e.Topic)
 }

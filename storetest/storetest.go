@@ -53,6 +53,11 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func() replayd.Store)) {
 		{"WindowAndCountMatchModel", testWindowModel},
 		{"PruneByCount", testPruneByCount},
 		{"PruneByAge", testPruneByAge},
+		{"PruneTopicsByCount", testPruneTopicsByCount},
+		{"PruneTopicsByAge", testPruneTopicsByAge},
+		{"PruneTopicsMixedScope", testPruneTopicsMixedScope},
+		{"PruneTopicsInvalid", testPruneTopicsInvalid},
+		{"PruneTopic", testPruneTopic},
 		{"TwoStoresNoSkippedRows", testTwoStores},
 		{"SequenceFloor", testSequenceFloor},
 		{"StreamsAtomic", testStreamsAtomic},
@@ -60,6 +65,7 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func() replayd.Store)) {
 		{"StreamsAppendVisibility", testStreamsAppendVisibility},
 		{"StreamsRead", testStreamsRead},
 		{"StreamsSerialised", testStreamsSerialised},
+		{"StreamsDue", testStreamsDue},
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			open := newLog(t)

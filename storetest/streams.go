@@ -468,3 +468,91 @@ func testStreamsSerialised(t *testing.T, open func() replayd.Store) {
 		}
 	}
 }
+
+// errRollback is a test's fn error, which rolls its transaction back.
+var errRollback = errors.New("storetest: roll back")
+
+// DueStreams lists the records whose ExpiresAt is above 0 and at or below
+// now, the earliest first, then by topic, at most limit, as they are after
+// the last commit (a record put again with another ExpiresAt, or deleted,
+// moves or leaves), from any store of the log.
+func testStreamsDue(t *testing.T, open func() replayd.Store) {
+	s := open()
+	ss := streamStore(t, s)
+	other := streamStore(t, open())
+	ctx := ctxT(t)
+	due := func(ss storage.StreamStore, now int64, limit int) string {
+		t.Helper()
+		recs, err := ss.DueStreams(ctx, now, limit)
+		if err != nil {
+			t.Fatalf("DueStreams(%d, %d): %v", now, limit, err)
+		}
+		var out []string
+		for _, r := range recs {
+			out = append(out, fmt.Sprintf("%s:%s@%d", r.Topic, r.Meta, r.ExpiresAt))
+		}
+		return fmt.Sprint(out)
+	}
+	if got := due(ss, 1<<62, 0); got != "[]" {
+		t.Fatalf("DueStreams of a log without records: %s", got)
+	}
+	recs := []storage.StreamRecord{
+		{Topic: "never", Meta: []byte("n")},
+		{Topic: "c", Meta: []byte("c"), ExpiresAt: 20},
+		{Topic: "b", Meta: []byte("b"), ExpiresAt: 10},
+		{Topic: "a", Meta: []byte("a"), ExpiresAt: 10},
+		{Topic: "first", Meta: []byte("f"), ExpiresAt: 1},
+		{Topic: "moved", Meta: []byte("m"), ExpiresAt: 2},
+		{Topic: "deleted", Meta: []byte("d"), ExpiresAt: 3},
+	}
+	topics := make([]string, len(recs))
+	for i, r := range recs {
+		topics[i] = r.Topic
+	}
+	update(t, ss, topics, func(tx storage.StreamTx) error {
+		for _, r := range recs {
+			if err := tx.PutStream(ctx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	update(t, ss, []string{"moved", "deleted"}, func(tx storage.StreamTx) error {
+		if err := tx.PutStream(ctx, storage.StreamRecord{Topic: "moved", Meta: []byte("m2")}); err != nil {
+			return err
+		}
+		return tx.DeleteStream(ctx, "deleted")
+	})
+	for _, c := range []struct {
+		now   int64
+		limit int
+		want  string
+	}{
+		{0, 10, "[]"},
+		{1, 10, "[first:f@1]"},
+		{9, 10, "[first:f@1]"},
+		{10, 10, "[first:f@1 a:a@10 b:b@10]"},
+		{10, 2, "[first:f@1 a:a@10]"},
+		{1 << 62, 10, "[first:f@1 a:a@10 b:b@10 c:c@20]"},
+		{1 << 62, -1, "[first:f@1 a:a@10 b:b@10 c:c@20]"},
+	} {
+		for i, st := range []storage.StreamStore{ss, other} {
+			if got := due(st, c.now, c.limit); got != c.want {
+				t.Errorf("store %d: DueStreams(%d, %d) = %s, want %s", i, c.now, c.limit, got, c.want)
+			}
+		}
+	}
+	// A transaction that rolls back changes nothing.
+	err := ss.UpdateStreams(ctx, []string{"never"}, func(tx storage.StreamTx) error {
+		if err := tx.PutStream(ctx, storage.StreamRecord{Topic: "never", Meta: []byte("n"), ExpiresAt: 1}); err != nil {
+			return err
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatalf("UpdateStreams whose fn failed: %v", err)
+	}
+	if got := due(other, 1, 10); got != "[first:f@1]" {
+		t.Fatalf("DueStreams after a rollback: %s", got)
+	}
+}

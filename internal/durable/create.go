@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -56,6 +57,11 @@ func parseConfig(r *http.Request) (config, *refusal) {
 	c.closed = r.Header.Get(hClosed) == "true"
 	return c, nil
 }
+
+// errExpired is a create's over the record of an expired stream that is
+// not buried yet (sweep.go), which the transaction cannot bury: that
+// writes the records of the stream's sources, whose locks it does not hold.
+var errExpired = errors.New("replayd: durable streams: the stream expired and is not buried yet")
 
 // matchesExisting reports whether an existing stream was created with c
 // (and fork): a fork's inherited content type and expiry match when the
@@ -114,7 +120,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, topic string) {
 	created, same := false, true
 	var m *meta
 	var tail int64
-	err = h.update(ctx, topics, func(t *txn) error {
+	txfn := func(t *txn) error {
 		old, st, err := t.stream(ctx, topic)
 		switch {
 		case err != nil:
@@ -128,6 +134,8 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, topic string) {
 			}
 			created, m, tail, same = false, old, old.tail(last), c.matchesExisting(old, fork)
 			return nil
+		case old != nil && !old.Tomb:
+			return errExpired
 		}
 		enc := encodingOf(c.contentType)
 		var ps []json.RawMessage
@@ -138,6 +146,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, topic string) {
 		}
 		m = &meta{ContentType: c.contentType, TTL: c.ttl, ExpiresAt: c.expiresAt, Expires: c.expires,
 			Access: t.now.UnixMilli(), Created: t.now.UnixMilli()}
+		if old != nil {
+			m.Reclaim = old.Reclaim // the tombstone's: the sweep prunes the earlier incarnation still
+		}
 		if plan != nil {
 			src, sst, err := t.stream(ctx, fork.source)
 			switch {
@@ -172,7 +183,15 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, topic string) {
 		}
 		created = true
 		return t.put(ctx, topic, m)
-	})
+	}
+	err = h.update(ctx, topics, txfn)
+	if errors.Is(err, errExpired) {
+		// An expired stream the sweep has not buried yet: bury it (with
+		// its sources' locks), then create over its tombstone.
+		if err = h.sweeper().buryExpired(ctx, topic); err == nil {
+			err = h.update(ctx, topics, txfn)
+		}
+	}
 	if err != nil {
 		h.answerErr(w, r, topic, err)
 		return

@@ -2,12 +2,13 @@ package durable
 
 import "net/http"
 
-// DELETE removes a stream: its record and its producers go, a ds.delete
-// marker tells the topic's Handler() readers, and its events stay in the
-// log until retention prunes them (the log deletes only what retention
-// condemns). A stream created again at the path starts above the marker,
-// so an offset of the deleted one is gone (410), never read as the new
-// one's. A stream that forks still read is soft-deleted instead (fork.go).
+// DELETE removes a stream: a ds.delete marker tells the topic's Handler()
+// readers, its producers' state goes, and its record becomes a tombstone
+// (sweep.go) until the sweep has pruned its events, through the marker. A
+// stream created again at the path starts above the marker, so an offset
+// of the deleted one is gone (410), never read as the new one's. A stream
+// that forks still read is soft-deleted instead (fork.go), and buried when
+// the last of them goes.
 func (h *Handler) delete(w http.ResponseWriter, r *http.Request, topic string) {
 	ctx := r.Context()
 	// The sources are named to the transaction, which may collect them.
@@ -25,14 +26,15 @@ func (h *Handler) delete(w http.ResponseWriter, r *http.Request, topic string) {
 		if m.Base != v.m.Base {
 			return refuse(http.StatusConflict, "the stream was replaced meanwhile: retry")
 		}
-		if _, err := t.marker(ctx, topic, markerDelete, struct{}{}); err != nil {
+		marker, err := t.marker(ctx, topic, markerDelete, struct{}{})
+		if err != nil {
 			return err
 		}
 		if m.Forks > 0 {
 			m.Deleted = true
 			return t.put(ctx, topic, m)
 		}
-		if err := t.DeleteStream(ctx, topic); err != nil {
+		if err := t.bury(ctx, topic, m, marker); err != nil {
 			return err
 		}
 		return t.unfork(ctx, m)

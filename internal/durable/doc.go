@@ -9,5 +9,6 @@
 // One concept per file: handler.go (routing, common headers, errors),
 // path.go (path → topic), offset.go, meta.go (a stream's record),
 // create.go (PUT), appendreq.go (POST), producer.go, read.go (GET
-// catch-up), longpoll.go, sse.go, head.go and delete.go.
+// catch-up), longpoll.go, sse.go, head.go, delete.go and sweep.go (what
+// deleted and expired streams leave, reclaimed).
 package durable

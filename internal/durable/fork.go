@@ -16,8 +16,9 @@ import (
 // k copies the first k bytes (or JSON messages) that follow the fork
 // offset as the fork's first own events. A source's record counts its
 // live forks: deleting it while it has some soft-deletes it (410 to its
-// own requests, its forks read on), and the last fork's deletion collects
-// it, up the chain.
+// own requests, its forks read on), and the last fork's deletion (or
+// expiry, by the sweep) collects it, up the chain: its events are pruned
+// then (sweep.go), never while a fork reads them.
 
 // maxForkDepth bounds a fork chain.
 const maxForkDepth = 16
@@ -186,18 +187,23 @@ func (f *forkReq) matches(m *meta) bool {
 
 // unfork drops a deleted fork's claim on its sources: each source's count
 // of forks goes down, and a source deleted (or expired) meanwhile whose
-// count reaches 0 is collected, up the chain.
+// count reaches 0 is buried (sweep.go: its events are pruned once the
+// transaction commits), up the chain.
 func (t *txn) unfork(ctx context.Context, m *meta) error {
 	for _, p := range m.Parents {
 		pm, _, err := t.stream(ctx, p)
-		if err != nil || pm == nil {
+		if err != nil || pm == nil || pm.Tomb {
 			return err
 		}
 		pm.Forks = max(pm.Forks-1, 0)
 		if pm.Forks > 0 || pm.state(t.now) == alive {
 			return t.put(ctx, p, pm)
 		}
-		if err := t.DeleteStream(ctx, p); err != nil {
+		last, err := t.Last(ctx, p)
+		if err != nil {
+			return err
+		}
+		if err := t.bury(ctx, p, pm, last); err != nil {
 			return err
 		}
 	}

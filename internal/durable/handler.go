@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,7 +44,10 @@ type Config struct {
 	MaxWait, SSEFor time.Duration
 	// MaxBody bounds a request body.
 	MaxBody int64
-	Now     func() time.Time
+	// Prune deletes a topic's events through a sequence, for the sweep
+	// (sweep.go); nil: they are left to retention.
+	Prune func(ctx context.Context, topic string, through int64) (int64, error)
+	Now   func() time.Time
 }
 
 // Handler serves the protocol. Build it with New.

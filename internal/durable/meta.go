@@ -49,6 +49,16 @@ type meta struct {
 	Chain         []segment `json:"chain,omitempty"`
 	Forks         int64     `json:"forks,omitempty"`
 	Deleted       bool      `json:"deleted,omitempty"`
+
+	// The log to reclaim (sweep.go). Reclaim is the sequence through which
+	// the topic's events belong to incarnations nothing reads any more:
+	// the sweep prunes them (storage.TopicPruner) and clears it. Tomb
+	// marks a tombstone: the record of a stream that was deleted, or
+	// expired, kept only until its Reclaim is done (a stream is absent
+	// meanwhile, and can be created again: the new record takes the
+	// tombstone's Reclaim over).
+	Reclaim int64 `json:"reclaim,omitempty"`
+	Tomb    bool  `json:"tomb,omitempty"`
 }
 
 // A segment is a range of a topic's events a stream reads: those with a
@@ -93,7 +103,7 @@ const (
 
 func (m *meta) state(now time.Time) state {
 	switch {
-	case m == nil:
+	case m == nil, m.Tomb:
 		return absent
 	case m.Deleted:
 		return gone
@@ -120,12 +130,28 @@ func decodeMeta(rec storage.StreamRecord) (*meta, error) {
 	return &m, nil
 }
 
-func (m *meta) record(topic string) (storage.StreamRecord, error) {
+// record is m as topic's stored record, at now.
+func (m *meta) record(topic string, now time.Time) (storage.StreamRecord, error) {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return storage.StreamRecord{}, err
 	}
-	return storage.StreamRecord{Topic: topic, Meta: b, ExpiresAt: m.expiry()}, nil
+	return storage.StreamRecord{Topic: topic, Meta: b, ExpiresAt: m.due(now)}, nil
+}
+
+// due is when the sweep must look at the record (Unix ms; 0: never), kept
+// as its storage.StreamRecord's ExpiresAt, which StreamStore.DueStreams
+// lists by: at once (1) when it has log to reclaim; never for a stream
+// its forks hold (deleted, or expired, while forks read it: the last
+// fork's deletion collects it, unfork); else when it expires.
+func (m *meta) due(now time.Time) int64 {
+	switch {
+	case m.Reclaim > 0 || m.Tomb:
+		return 1
+	case m.Forks > 0 && (m.Deleted || m.expired(now)):
+		return 0
+	}
+	return m.expiry()
 }
 
 // expiry is when the stream expires (Unix ms), 0: never.

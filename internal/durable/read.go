@@ -109,6 +109,10 @@ func (h *Handler) readAt(ctx context.Context, topic string, kind offsetKind, seq
 			return h.readFrom(ctx, topic, m, i, seq, &probe, tail)
 		}
 	}
+	// In none of the stream's segments: another stream's, or an earlier
+	// incarnation's, whose events the sweep may have pruned (the topic's
+	// watermark above seq says nothing of this stream).
+	page.Watermark = 0
 	return nil, goneOffset(page, seq)
 }
 

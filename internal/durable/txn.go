@@ -120,7 +120,7 @@ func (t *txn) aliveStream(ctx context.Context, topic string) (*meta, error) {
 }
 
 func (t *txn) put(ctx context.Context, topic string, m *meta) error {
-	rec, err := m.record(topic)
+	rec, err := m.record(topic, t.now)
 	if err != nil {
 		return err
 	}

@@ -142,17 +142,20 @@ func (h *Hub) catchUp(through int64, limit int) (int, error) {
 		h.logReset(min(through, page.Head))
 		return 0, nil
 	}
-	if mark := page.Watermark; mark > from {
+	if mark := page.Watermark; mark > max(from, h.reported) {
 		// Rows above the live position were pruned before they were
-		// delivered. Every row up to mark is gone, so the hole ends there,
-		// or at through, beyond which this call delivers nothing.
+		// delivered. The hole ends at mark, or at through, beyond which
+		// this call delivers nothing. Rows of topics pruned less may be
+		// retained inside it (retention per topic): the page holds them,
+		// and they are dispatched after the gap. A mark not above the last
+		// hole reported is no news: those rows were named by its gap.
 		hole := min(mark, through)
 		h.logger.Warn("replayd: rows were pruned before live delivery; reconnecting streams",
 			"from", from+1, "through", hole)
 		h.Resync()
 		h.window.reset()
 		h.notifyGap(Gap{Reason: GapPruned, After: from, From: from + 1, Through: hole})
-		h.pos = hole
+		h.reported = hole
 	}
 	h.dispatch(page.Events)
 	h.flushFrames()
@@ -178,7 +181,7 @@ func (h *Hub) logReset(through int64) {
 	h.Resync()
 	h.window.reset()
 	h.notifyGap(Gap{Reason: GapUnknownCursor, After: h.pos, From: 1, Through: through})
-	h.pos = through
+	h.pos, h.reported = through, 0
 }
 
 // Resync ends every open stream so that its client reconnects and resumes

@@ -81,6 +81,11 @@ type Hub struct {
 	// locks.
 	mu  sync.Mutex
 	pos int64 // the highest sequence delivered live
+	// reported is the end of the last pruned hole catchUp reported: rows
+	// deleted at or below it were named by that gap (retention per topic
+	// leaves other topics' rows in a hole, which are delivered after it).
+	// Guarded by catchMu and mu, as pos.
+	reported int64
 	// newestAt is the CreatedAt of the newest row dispatched: the tail
 	// resets it before a delivery and reads its lag from it after.
 	newestAt time.Time

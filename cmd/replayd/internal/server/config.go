@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/replayd/replayd"
 )
 
 // Config is what `replayd serve` runs with: its flags, each also read from
@@ -33,6 +35,7 @@ type Config struct {
 
 	RetentionMaxAge    time.Duration
 	RetentionMaxEvents int64
+	RetentionTopics    []replayd.TopicPolicy // --retention-topic, in order: first match wins
 
 	ReplayLimit       int
 	MaxConnections    int
@@ -88,7 +91,7 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	}
 	fs := flag.NewFlagSet("replayd serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var keys, origins multiFlag
+	var keys, origins, topicRetention multiFlag
 	var public, level, keyFile string
 	var maxBody sizeFlag = sizeFlag(c.MaxBody)
 	fs.StringVar(&c.Listen, "listen", c.Listen, "`address` to listen on")
@@ -105,6 +108,7 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.Var(&origins, "allow-origin", "allowed browser `origin` (repeatable; * for any)")
 	fs.DurationVar(&c.RetentionMaxAge, "retention-max-age", 0, "delete events older than this `duration` (0: keep)")
 	fs.Int64Var(&c.RetentionMaxEvents, "retention-max-events", 0, "keep at most this many newest `events` (0: keep all)")
+	fs.Var(&topicRetention, "retention-topic", "`PATTERN=LIMITS` (repeatable; the first that matches a topic governs it, the other retention flags then the rest): LIMITS max-age=DURATION and/or max-events=N (of each matching topic), comma-separated, or keep (never pruned); PATTERN a topic or PREFIX*")
 	fs.IntVar(&c.ReplayLimit, "replay-limit", c.ReplayLimit, "most `events` replayed on a reconnect before a gap")
 	fs.IntVar(&c.MaxConnections, "max-connections", 0, "most open streams and waiting polls, answered as overloaded beyond it (0: no cap; --max-tcp-connections caps all connections)")
 	fs.IntVar(&c.MaxTCPConnections, "max-tcp-connections", 0, "most open TCP `connections` of any kind, idle keep-alives included; one beyond it is closed at once (0: no cap)")
@@ -154,7 +158,7 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 			continue
 		}
 		values := []string{v}
-		if name == "publish-key" || name == "allow-origin" {
+		if name == "publish-key" || name == "allow-origin" || name == "retention-topic" {
 			values = strings.Fields(v)
 		}
 		for _, v := range values {
@@ -191,6 +195,13 @@ func ParseServe(args []string, getenv func(string) string, usage io.Writer) (Con
 		c.PublishKeys = append(c.PublishKeys, ks...)
 	}
 	c.AllowOrigins = origins
+	for _, v := range topicRetention {
+		tp, err := parseTopicRetention(v)
+		if err != nil {
+			return c, usagef("--retention-topic: %v", err)
+		}
+		c.RetentionTopics = append(c.RetentionTopics, tp)
+	}
 	if public != "" {
 		p, err := ParsePatterns(public)
 		if err != nil {

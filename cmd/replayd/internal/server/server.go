@@ -113,8 +113,8 @@ func New(ctx context.Context, c Config, log *slog.Logger) (_ *Server, err error)
 		}
 		s.closers = append([]func() error{noErr(stopTail)}, s.closers...)
 	}
-	if c.RetentionMaxAge > 0 || c.RetentionMaxEvents > 0 {
-		stopRet := s.hub.StartRetention(replayd.RetentionPolicy{MaxAge: c.RetentionMaxAge, MaxEvents: c.RetentionMaxEvents}, retentionInterval(c.RetentionMaxAge))
+	if policy, ok := c.retentionPolicy(); ok {
+		stopRet := s.hub.StartRetention(policy, retentionInterval(policy))
 		s.closers = append([]func() error{noErr(stopRet)}, s.closers...)
 	}
 	reg := prometheus.NewRegistry()
@@ -180,16 +180,6 @@ func newSQLiteHub(ctx context.Context, db *sql.DB, opts replayd.Options) (*repla
 		return nil, err
 	}
 	return h, nil
-}
-
-// retentionInterval runs retention at least once a minute, and often
-// enough for a short maximum age.
-func retentionInterval(maxAge time.Duration) time.Duration {
-	iv := time.Minute
-	if maxAge > 0 && maxAge/4 < iv {
-		iv = max(maxAge/4, time.Second)
-	}
-	return iv
 }
 
 func noErr(f func()) func() error { return func() error { f(); return nil } }
