@@ -37,9 +37,11 @@
 //	                   range's start (exclusive), score its end (exclusive)
 //	{P}:run    string  the log identity: the run_id of the Redis process
 //	                   that last checked the log (see Log identity)
+//	{P}:topics set     the topics with retained events (per-topic retention)
 //	{P}:s:<T>  hash    Durable Streams: the record of stream T (m: metadata, x: expiry)
 //	{P}:p:<T>  hash    Durable Streams: producer id -> state, of stream T
 //	{P}:sv:<T> string  Durable Streams: T's version, raised by each commit naming it
+//	{P}:due    zset    Durable Streams: the records with an expiry (score), for DueStreams
 //
 // The stream holds each payload once; the sorted sets are the indexes
 // (a stream cannot count the entries of a range, a sorted set counts them
@@ -88,12 +90,19 @@
 //
 // # Prune
 //
-// A prune batch (a script) deletes at most 1000 of the oldest events: as
-// many as MaxEvents condemns (ZCARD of {P}:all), and beyond that those
-// older than MaxAge, reading the stream from its start 16 entries at a
-// time (payloads may be large), removing each from the stream, its sets
-// and {P}:ids, and raising the watermarks in the same script. Prune runs
-// batches until one deletes fewer than a full batch.
+// A prune batch (a script) deletes at most 1000 events, none above the
+// head Prune read first, each removed from the stream, its sets and
+// {P}:ids with its topic's watermark and the global one raised in the
+// same script; Prune runs batches until one deletes fewer. A policy
+// without Topics deletes the log's oldest events: as many as MaxEvents
+// condemns (ZCARD of {P}:all), and beyond that those older than MaxAge,
+// reading the stream from its start 16 entries at a time (payloads may
+// be large). With Topics, each topic of {P}:topics that an entry governs
+// loses the prefix of its own set the entry condemns, and the broadcasts
+// and the other topics the default's: MaxEvents counted over their union
+// (merged a sequence at a time, one probe per topic), MaxAge per topic.
+// PruneTopic (storage.TopicPruner) deletes a topic's prefix through a
+// sequence the same way.
 //
 // # Waking StartTail
 //
@@ -173,7 +182,7 @@
 // duplicates of its events are decided when fn appends them, from the
 // head read at its start: with the head unchanged at the commit they are
 // exact. A stream transaction that appends retries while other appends
-// land during it.
+// land during it. DueStreams reads {P}:due, kept by the commits.
 //
 // Not done: publishing in the application's transaction (Redis has no
 // transaction an application holds open), and an index of expiry times.
