@@ -14,17 +14,7 @@ import (
 // blocking XREAD, not from its fallback poll: with the poll a minute
 // apart, the event still arrives within seconds.
 func TestTailWokenByXREAD(t *testing.T) {
-	srv := redisserver.Start(t)
-	prefix := testPrefix(t)
-	a, b := hubOn(t, openStore(t, srv.URL(), prefix)), hubOn(t, openStore(t, srv.URL(), prefix))
-	stop, err := b.StartTail(time.Minute, replayd.TailOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	got := make(chan int64, 16)
-	unsubscribe := b.Subscribe(func(ev replayd.Event) { got <- ev.Sequence })
-	defer unsubscribe()
+	a, got := tailing(t, redisserver.Start(t))
 	for i := range 3 {
 		// Only the first could be caught by the tail's first read: the
 		// others wake it through WaitForAppend.
@@ -90,16 +80,7 @@ func TestWaitForAppend(t *testing.T) {
 // redis-server was killed and started again (on its AOF, nothing lost).
 func TestTailAcrossRedisRestart(t *testing.T) {
 	srv := redisserver.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-	prefix := testPrefix(t)
-	a, b := hubOn(t, openStore(t, srv.URL(), prefix)), hubOn(t, openStore(t, srv.URL(), prefix))
-	stop, err := b.StartTail(time.Minute, replayd.TailOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	got := make(chan int64, 16)
-	unsubscribe := b.Subscribe(func(ev replayd.Event) { got <- ev.Sequence })
-	defer unsubscribe()
+	a, got := tailing(t, srv)
 	expect := func(what string) {
 		t.Helper()
 		ev, err := a.Publish(ctxT(t), "", what)
@@ -121,4 +102,19 @@ func TestTailAcrossRedisRestart(t *testing.T) {
 	for _, what := range []string{"after 1", "after 2"} {
 		expect(what)
 	}
+}
+
+// tailing opens hubs A and B on a log of srv, B tailing with its fallback
+// poll a minute apart; it returns A and what B's subscriber gets.
+func tailing(t *testing.T, srv *redisserver.Server) (*replayd.EventHub, <-chan int64) {
+	prefix := testPrefix(t)
+	a, b := hubOn(t, openStore(t, srv.URL(), prefix)), hubOn(t, openStore(t, srv.URL(), prefix))
+	stop, err := b.StartTail(time.Minute, replayd.TailOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	got := make(chan int64, 16)
+	t.Cleanup(b.Subscribe(func(ev replayd.Event) { got <- ev.Sequence }))
+	return a, got
 }
