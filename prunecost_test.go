@@ -1,30 +1,18 @@
-package replayd
+package replayd_test
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
-	"fmt"
-	"math"
-	"net/http"
 	"os"
-	"slices"
+	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
+
+	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/hubtest"
 )
 
 // TestPruneTopicCost measures what pruning one topic of a million rows
-// costs everyone else (issue 30, item 3): 64 publishers, each on a topic
-// of its own at a steady pace, and 1,000 SSE clients of those topics over
-// real HTTP; the publish latency and the delivery latency (publish start
-// to the client's read) are recorded in windows with and without a
-// PruneTopic of the bulk topic running, paired: each pair refills the bulk
-// topic, measures a window without the prune, then one as long as the
-// prune takes. Opt-in, not run by CI:
+// costs everyone else, on SQLite (hubtest.PruneTopicCost; replaydpg has
+// the same on PostgreSQL). Opt-in, not run by CI:
 //
 //	REPLAYD_PRUNE_COST=1 go test -run '^TestPruneTopicCost$' -v -timeout 30m .
 //
@@ -34,175 +22,9 @@ func TestPruneTopicCost(t *testing.T) {
 	if os.Getenv("REPLAYD_PRUNE_COST") == "" {
 		t.Skip("set REPLAYD_PRUNE_COST=1 to measure")
 	}
-	rows, pairs := envInt("REPLAYD_PRUNE_COST_ROWS", 1_000_000), envInt("REPLAYD_PRUNE_COST_PAIRS", 2)
-	const publishers, clients, perPublisher = 64, 1000, 10 // events/s each: 640/s, 10,000 deliveries/s
-	loadRaiseNoFile(t, 8192)
-	db, _ := openTestDB(t)
-	h := newTestHub(t, db, Options{SSE: SSEOptions{ReplayLimit: 0}})
-	srv := serve(t, h)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
-	// The recording: each sample lands in the window current when taken.
-	type window struct {
-		mu                sync.Mutex
-		publish, delivery []time.Duration
-	}
-	var cur atomic.Pointer[window]
-	record := func(pub bool, d time.Duration) {
-		w := cur.Load()
-		if w == nil {
-			return
-		}
-		w.mu.Lock()
-		if pub {
-			w.publish = append(w.publish, d)
-		} else {
-			w.delivery = append(w.delivery, d)
-		}
-		w.mu.Unlock()
-	}
-
-	// Clients: topic p(i mod 64).
-	var ready sync.WaitGroup
-	var wg sync.WaitGroup
-	for i := range clients {
-		ready.Add(1)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s?topic=p%d", srv.URL, i%publishers), nil)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				ready.Done()
-				t.Errorf("client %d: %v", i, err)
-				return
-			}
-			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
-			hello, heartbeat := true, false
-			for sc.Scan() {
-				line := sc.Text()
-				switch {
-				case hello && line == "":
-					hello = false
-					ready.Done()
-				case line == "":
-					heartbeat = false
-				case line == "event: heartbeat":
-					heartbeat = true // its data's t is the server's clock in ms
-				}
-				data, ok := strings.CutPrefix(line, "data: ")
-				if !ok || hello || heartbeat {
-					continue
-				}
-				var p struct{ T int64 }
-				if json.Unmarshal([]byte(data), &p) == nil && p.T > 0 {
-					record(false, time.Since(time.Unix(0, p.T)))
-				}
-			}
-		}()
-	}
-	ready.Wait()
-
-	// Publishers: paced, each on its own topic.
-	for p := range publishers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(time.Second / perPublisher)
-			defer tick.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-				start := time.Now()
-				if _, err := h.Publish(ctx, fmt.Sprintf("p%d", p), map[string]int64{"t": start.UnixNano()}); err != nil {
-					if ctx.Err() == nil {
-						t.Errorf("publish: %v", err)
-					}
-					return
-				}
-				record(true, time.Since(start))
-			}
-		}()
-	}
-
-	fill := func() {
-		batch := make([]Event, 1000)
-		for i := 0; i < rows; i += len(batch) {
-			for j := range batch {
-				batch[j] = Event{Type: "bulk", Topic: "bulk", Payload: json.RawMessage(`{"bulk":true}`)}
-			}
-			for _, r := range h.PublishBatch(ctx, batch) {
-				if r.Err != nil {
-					t.Fatalf("fill: %v", r.Err)
-				}
-			}
-		}
-	}
-	measure := func(d time.Duration, during func()) *window {
-		w := &window{}
-		time.Sleep(2 * time.Second) // settle after the fill
-		cur.Store(w)
-		start := time.Now()
-		if during != nil {
-			during()
-		}
-		if rest := d - time.Since(start); rest > 0 {
-			time.Sleep(rest)
-		}
-		cur.Store(nil)
-		return w
-	}
-	q := func(ds []time.Duration, p float64) time.Duration {
-		if len(ds) == 0 {
-			return 0
-		}
-		s := slices.Clone(ds)
-		slices.Sort(s)
-		return s[int(math.Ceil(p*float64(len(s))))-1]
-	}
-	for pair := range pairs {
-		fill()
-		var pruneTook time.Duration
-		var pruned int64
-		// The prune's window first (its length sets the other's), then the
-		// same length without: the order alternates by pair.
-		prune := func() {
-			start := time.Now()
-			n, err := h.PruneTopic(ctx, "bulk", math.MaxInt64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pruneTook, pruned = time.Since(start), n
-		}
-		var with, without *window
-		if pair%2 == 0 {
-			without = measure(10*time.Second, nil)
-			with = measure(0, prune)
-		} else {
-			with = measure(0, prune)
-			fill()
-			without = measure(pruneTook, nil)
-			h.PruneTopic(ctx, "bulk", math.MaxInt64)
-		}
-		t.Logf("pair %d: PruneTopic deleted %d rows in %v (%.0f rows/s)", pair, pruned, pruneTook.Round(time.Millisecond), float64(pruned)/pruneTook.Seconds())
-		for _, r := range []struct {
-			name string
-			w    *window
-		}{{"without prune", without}, {"with prune", with}} {
-			t.Logf("pair %d %-13s: %6d publishes p50 %v p99 %v max %v; %7d deliveries p50 %v p99 %v max %v", pair, r.name,
-				len(r.w.publish), q(r.w.publish, .5), q(r.w.publish, .99), q(r.w.publish, 1),
-				len(r.w.delivery), q(r.w.delivery, .5), q(r.w.delivery, .99), q(r.w.delivery, 1))
-		}
-		t.Logf("pair %d ratio with/without: publish p99 %.2f×, delivery p99 %.2f×", pair,
-			float64(q(with.publish, .99))/float64(q(without.publish, .99)), float64(q(with.delivery, .99))/float64(q(without.delivery, .99)))
-	}
-	cancel()
-	wg.Wait()
+	path := filepath.Join(t.TempDir(), "log.db")
+	hubtest.PruneTopicCost(t, func(opts replayd.Options) *replayd.EventHub { return openHub(t, path, opts) },
+		envInt("REPLAYD_PRUNE_COST_ROWS", 1_000_000), envInt("REPLAYD_PRUNE_COST_PAIRS", 2))
 }
 
 func envInt(name string, def int) int {

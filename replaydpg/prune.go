@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/replayd/replayd/internal/prunepace"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -345,20 +346,22 @@ func (s *Store) PruneTopic(ctx context.Context, topic string, through int64) (in
 // pruneTopicThrough deletes the rows of topic (nil: the broadcasts) with a
 // topic_ord at or below ordEdge, a sequence at or below seqEdge, or created
 // before age, never above h0: a prefix of the topic, in statements of at
-// most pruneRows rows, each raising the topic's watermark and the hole mark.
+// most pruneRows rows, each raising the topic's watermark and the hole mark,
+// paced while this store appends (package prunepace: PostgreSQL's deletes
+// take no lock an append waits for, but the server's CPU and I/O).
 func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, ordEdge, seqEdge int64, age pgtype.Timestamptz, h0 int64) (int64, error) {
 	q := s.q.prune.topicBatch
 	if topic == nil {
 		q = s.q.prune.bcastBatch
 	}
 	var deleted, last int64
-	issued, busy := s.issued.Load(), time.Time{} // busy: when the log was last seen appended to
+	pace := prunepace.New(s.issued.Load)
 	for {
 		var (
 			n       int64
 			through *int64
 		)
-		start := time.Now()
+		pace.Start()
 		if err := s.pool.QueryRow(ctx, q, topic, ordEdge, age, pruneRows, seqEdge, h0, last).Scan(&n, &through); err != nil {
 			return deleted, fmt.Errorf("replaydpg: prune: %w", err)
 		}
@@ -367,39 +370,8 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, ordEdge, s
 			return deleted, nil
 		}
 		last = *through
-		if now := s.issued.Load(); now != issued {
-			issued, busy = now, time.Now()
-		}
-		if time.Since(busy) > pruneBusy {
-			continue // a quiet log: nobody to make room for
-		}
-		if err := pruneYield(ctx, time.Since(start)); err != nil {
+		if err := pace.Pause(ctx); err != nil {
 			return deleted, err
 		}
-	}
-}
-
-// pruneDuty paces a per-topic prune while this store appends: its
-// statements take at most 1/pruneDuty of the time, so that the server's
-// CPU and I/O they share with the appends and reads stay theirs (see
-// sqlitestore's pruneYield; PostgreSQL's deletes take no lock an append
-// waits for). On a quiet log a prune runs its statements back to back.
-//
-// A log is appended to when this store saw its head move within pruneBusy.
-const (
-	pruneDuty = 10
-	pruneBusy = time.Second
-)
-
-// pruneYield pauses a prune after a statement that took took, for
-// pruneDuty-1 times as long, between 2 and 100 ms.
-func pruneYield(ctx context.Context, took time.Duration) error {
-	t := time.NewTimer(min(max(took*(pruneDuty-1), 2*time.Millisecond), 100*time.Millisecond))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }

@@ -2,6 +2,8 @@ package replaydpg
 
 import (
 	"context"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -13,25 +15,50 @@ import (
 // tables (a fresh prefix), and each hub on them its own store and pool, as
 // another node would.
 func TestHubSuite(t *testing.T) {
-	hubtest.Run(t, func(t *testing.T) func(opts replayd.Options) *replayd.EventHub {
-		dsn, prefix := testDSN(t), testPrefix(t)
-		return func(opts replayd.Options) *replayd.EventHub {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			s, err := Open(ctx, dsn, WithTablePrefix(prefix))
-			if err != nil {
-				t.Fatal(err)
-			}
-			h, err := replayd.NewWithStore(s, opts)
-			if err != nil {
-				s.Close()
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				h.Close()
-				s.Close()
-			})
-			return h
+	hubtest.Run(t, pgLog)
+}
+
+// TestPruneTopicCost is the root's, on PostgreSQL: what pruning one topic
+// of a million rows costs everyone else (hubtest.PruneTopicCost). Opt-in,
+// not run by CI:
+//
+//	REPLAYD_PRUNE_COST=1 go test -run '^TestPruneTopicCost$' -v -timeout 30m .
+//
+// REPLAYD_PRUNE_COST_ROWS sets the bulk topic's rows (default 1,000,000),
+// REPLAYD_PRUNE_COST_PAIRS the pairs (default 2).
+func TestPruneTopicCost(t *testing.T) {
+	if os.Getenv("REPLAYD_PRUNE_COST") == "" {
+		t.Skip("set REPLAYD_PRUNE_COST=1 to measure")
+	}
+	atoi := func(name string, def int) int {
+		if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+			return v
 		}
-	})
+		return def
+	}
+	hubtest.PruneTopicCost(t, pgLog(t), atoi("REPLAYD_PRUNE_COST_ROWS", 1_000_000), atoi("REPLAYD_PRUNE_COST_PAIRS", 2))
+}
+
+// pgLog returns a function that opens hubs, each on its own store and
+// pool, on the tables of a fresh prefix: hubtest's newLog.
+func pgLog(t *testing.T) func(opts replayd.Options) *replayd.EventHub {
+	dsn, prefix := testDSN(t), testPrefix(t)
+	return func(opts replayd.Options) *replayd.EventHub {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		s, err := Open(ctx, dsn, WithTablePrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := replayd.NewWithStore(s, opts)
+		if err != nil {
+			s.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			h.Close()
+			s.Close()
+		})
+		return h
+	}
 }

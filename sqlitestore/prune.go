@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/replayd/replayd/internal/prunepace"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -275,59 +276,28 @@ func (s *Store) PruneTopic(ctx context.Context, topic string, through int64) (in
 // below edge, and those created before cut, never above h0: a prefix of
 // the topic, in batches of topicPruneBatch, each raising the topic's
 // watermark and the hole mark (holeKey) in its transaction, paced by
-// pruneYield.
+// package prunepace.
 func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut, h0 int64, lock func() func()) (int64, error) {
 	var deleted int64
-	issued, busy := s.issued.Load(), time.Time{} // busy: when the log was last seen appended to
+	pace := prunepace.New(s.issued.Load)
 	for {
-		start := time.Now()
+		pace.Start()
 		n, err := s.pruneTopicOnce(ctx, topic, edge, cut, h0, lock)
 		deleted += n
 		if err != nil || n < topicPruneBatch {
 			return deleted, err
 		}
-		// Appends wait for a batch's lock, and a batch taken at once
-		// after the last may beat them to it, so a log appended to is
-		// one seen appended to within pruneBusy.
-		if now := s.issued.Load(); now != issued {
-			issued, busy = now, time.Now()
-		}
-		if time.Since(busy) > pruneBusy {
-			continue // a quiet log: nobody to make room for
-		}
-		if err := pruneYield(ctx, time.Since(start)); err != nil {
+		if err := pace.Pause(ctx); err != nil {
 			return deleted, err
 		}
 	}
 }
 
-// Pacing a per-topic prune. Its batches take the write lock that appends
-// need, and CPU and I/O that publishers and readers need: run back to
-// back, 1,000-row batches of a 1M-row topic held the lock nearly all the
-// time and raised publish p99 10–18× (TestPruneTopicCost); pausing as long
-// as each batch took still left 0.6–6×. So while the log is appended to
-// (its head seen moving within pruneBusy), a prune holds the lock at most
-// 1/pruneDuty of the time, in batches of topicPruneBatch rows (about a
-// millisecond and a half): some 15,000 rows a second, a million in about a
-// minute; on a quiet log it runs its batches back to back.
-const (
-	topicPruneBatch = 250
-	pruneDuty       = 10
-	pruneBusy       = time.Second
-)
-
-// pruneYield pauses a prune after a batch that took took, for pruneDuty-1
-// times as long, between 2 and 100 ms.
-func pruneYield(ctx context.Context, took time.Duration) error {
-	t := time.NewTimer(min(max(took*(pruneDuty-1), 2*time.Millisecond), 100*time.Millisecond))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// topicPruneBatch is how many rows a per-topic prune's transaction deletes
+// at most: about a millisecond and a half of the write lock, so that,
+// paced (see package prunepace), a prune of a topic appended to deletes
+// some 10,000 rows a second, and any number back to back on a quiet log.
+const topicPruneBatch = 250
 
 func (s *Store) pruneTopicOnce(ctx context.Context, topic *string, edge, cut, h0 int64, lock func() func()) (deleted int64, err error) {
 	qHead, qDelete, key, arg := qPruneTopicHead, qPruneTopicDelete, "", any(nil)
