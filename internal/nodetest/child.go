@@ -60,7 +60,7 @@ type Node struct {
 	// 200 ms.
 	Keep int64
 	// Outages: the store may be down. A publish that fails is reported
-	// ("fail <id> <error>", the event stays an attempt) and its publisher
+	// ("fail <id> after <how long>: <error>", the event stays an attempt) and its publisher
 	// goes on after a pause; a prune that fails is retried at the next
 	// tick. Without Outages either ends the node (exit 3).
 	Outages bool
@@ -97,6 +97,7 @@ func (n Node) Run() {
 				payload, _ := json.Marshal(map[string]string{"id": id, "topic": topic})
 				try, _ := json.Marshal(replayd.Event{EventID: id, Type: "message", Topic: topic, Payload: payload})
 				n.Say("try %s", try)
+				began := time.Now()
 				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				ev, err := n.Hub.Publish(pctx, topic, json.RawMessage(payload), replayd.WithEventID(id))
 				cancel()
@@ -104,7 +105,7 @@ func (n Node) Run() {
 					if !n.Outages {
 						Die(3, err)
 					}
-					n.Say("fail %s %q", id, err.Error())
+					n.Say("fail %s after %v: %v", id, time.Since(began).Round(time.Millisecond), err)
 					select {
 					case <-quit:
 						return

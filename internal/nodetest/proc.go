@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +30,7 @@ type Proc struct {
 	pruned int64
 	acks   int
 	fails  int
+	first  []string      // the first fail lines
 	ackC   chan struct{} // signalled at every ack
 }
 
@@ -68,6 +70,9 @@ func StartNode(t *testing.T, tr *Truth, test, name string, extra func(f []string
 			case len(f) >= 2 && f[0] == "fail":
 				p.mu.Lock()
 				p.fails++
+				if len(p.first) < 5 {
+					p.first = append(p.first, sc.Text())
+				}
 				p.mu.Unlock()
 			case len(f) == 2 && f[0] == "pruned":
 				n, _ := strconv.ParseInt(f[1], 10, 64)
@@ -108,6 +113,14 @@ func (p *Proc) Fails() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.fails
+}
+
+// FirstFails returns the node's first five "fail" lines: what the
+// publishes that failed returned.
+func (p *Proc) FirstFails() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.first)
 }
 
 // WaitAcks waits, at most within, until the node has acknowledged n
