@@ -18,8 +18,17 @@ import (
 // broadcast, the global topic).
 var Topics = []string{"a", "b", "c", ""}
 
-// Serve serves hub for a child process: its SSE endpoint at / and its
-// poll endpoint at /poll, on a new listener of 127.0.0.1. It returns say,
+// Mux is what a node serves: hub's SSE endpoint at / and its poll
+// endpoint at /poll, where a Client looks for them.
+func Mux(hub *replayd.EventHub) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/poll", hub.PollHandler())
+	mux.Handle("/", hub.Handler())
+	return mux
+}
+
+// Serve serves hub for a child process (Mux) on a new listener of
+// 127.0.0.1. It returns say,
 // which writes a line to the parent on stdout (and exits 4 once the
 // parent is gone), having said "addr http://<the listener>".
 func Serve(hub *replayd.EventHub) (say func(format string, args ...any), err error) {
@@ -27,10 +36,7 @@ func Serve(hub *replayd.EventHub) (say func(format string, args ...any), err err
 	if err != nil {
 		return nil, err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/poll", hub.PollHandler())
-	mux.Handle("/", hub.Handler())
-	go http.Serve(ln, mux)
+	go http.Serve(ln, Mux(hub))
 	var outMu sync.Mutex
 	say = func(format string, args ...any) {
 		outMu.Lock()
