@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/childproc"
+	"github.com/replayd/replayd/internal/nodetest"
 	"github.com/replayd/replayd/internal/testenv"
 )
 
@@ -118,33 +119,18 @@ func TestCrashDurability(t *testing.T) {
 		hub.Close()
 	}()
 
-	tr := newTruth(seed)
-	cl := &cluster{t: t, tr: tr, limit: 1 << 20, outages: true}
-	cl.setAddr(2, srv.URL, 1)
+	tr := nodetest.NewTruth(seed)
+	cl := &nodetest.Cluster{Limit: 1 << 20, Outages: true}
+	cl.SetAddr(2, srv.URL, 1)
 
 	// Clients hop between the two nodes and the test's hub; they may find
 	// the database down (a 503 to a poll, a stream that ends before its
 	// hello) and then try another node.
-	specs := []struct {
-		scope []string
-		mode  clientMode
-	}{{nil, overSSE}, {[]string{"a"}, overSSE}, {nil, overBoth}, {[]string{"b"}, overPoll}}
-	clients := make([]*nodeClient, len(specs))
-	cctx, ccancel := context.WithCancel(ctx)
-	defer ccancel()
-	var cwg sync.WaitGroup
-	defer func() { ccancel(); cwg.Wait() }()
-	startClients := func() {
-		for i, sp := range specs {
-			c := &nodeClient{name: fmt.Sprintf("client%d%s%v", i, sp.mode, sp.scope), scope: sp.scope, mode: sp.mode, node: i % 3, outages: true}
-			clients[i] = c
-			cwg.Add(1)
-			go func() {
-				defer cwg.Done()
-				c.run(cctx, cl, tr, rand.New(rand.NewPCG(seed, uint64(i+2))))
-			}()
-		}
-	}
+	specs := []nodetest.Spec{{Scope: nil, Mode: nodetest.OverSSE}, {Scope: []string{"a"}, Mode: nodetest.OverSSE},
+		{Scope: nil, Mode: nodetest.OverBoth}, {Scope: []string{"b"}, Mode: nodetest.OverPoll}}
+	var clients []*nodetest.Client
+	stopClients := func() {}
+	defer func() { stopClients() }()
 
 	rounds := 4
 	if testing.Short() {
@@ -159,29 +145,29 @@ func TestCrashDurability(t *testing.T) {
 			nodes[i] = startCrashNode(t, dsn, prefix, fmt.Sprintf("r%dn%d", round, i))
 			select {
 			case addr := <-nodes[i].addr:
-				cl.setAddr(i, addr, round)
+				cl.SetAddr(i, addr, round)
 			case <-time.After(30 * time.Second):
 				t.Fatalf("round %d: node %d did not start within 30s: %s", round, i, nodes[i].Stderr())
 			}
 		}
 		if round == 1 {
-			startClients()
+			clients, stopClients = nodetest.StartClients(ctx, tr, cl, specs, nil)
 		}
 		for i, p := range nodes {
 			if !p.waitAcks(1, 30*time.Second) {
 				t.Fatalf("round %d: node %d acknowledged nothing within 30s: %s", round, i, p.Stderr())
 			}
 		}
-		sleepCtx(ctx, time.Duration(100+rng.IntN(500))*time.Millisecond)
+		nodetest.SleepCtx(ctx, time.Duration(100+rng.IntN(500))*time.Millisecond)
 
 		var atCrash int64 // a client's cursor when the server died
 		if crash {
-			atCrash = clients[0].cursorNow()
+			atCrash = clients[0].CursorNow()
 			crashed := time.Now()
 			before := []int{nodes[0].ackCount(), nodes[1].ackCount()}
 			crashCtl(t, ctl, "crash")
 			down := time.Duration(rng.IntN(300)) * time.Millisecond
-			sleepCtx(ctx, down)
+			nodetest.SleepCtx(ctx, down)
 			crashCtl(t, ctl, "start")
 			back := time.Since(crashed)
 			// Every node publishes again: its hub recovered on its own.
@@ -192,7 +178,7 @@ func TestCrashDurability(t *testing.T) {
 			}
 			t.Logf("round %d: server SIGKILLed, down %v, back after %v; nodes publishing again %v after the crash",
 				round, down, back.Round(time.Millisecond), time.Since(crashed).Round(time.Millisecond))
-			sleepCtx(ctx, time.Duration(100+rng.IntN(400))*time.Millisecond)
+			nodetest.SleepCtx(ctx, time.Duration(100+rng.IntN(400))*time.Millisecond)
 		}
 		for _, p := range nodes {
 			p.Kill()
@@ -209,7 +195,7 @@ func TestCrashDurability(t *testing.T) {
 			if state.Exited() {
 				t.Fatalf("round %d: node %d exited by itself (%v) instead of being killed: %s", round, i, state, p.Stderr())
 			}
-			cl.setAddr(i, "", round)
+			cl.SetAddr(i, "", round)
 			p.mu.Lock()
 			for id, seq := range p.acks {
 				acks[id] = seq
@@ -286,16 +272,7 @@ func TestCrashDurability(t *testing.T) {
 
 		// Every client catches up with the newest event of its scope on the
 		// surviving hub; it receives everything exactly once, in order.
-		deadline := time.Now().Add(30 * time.Second)
-		for _, c := range clients {
-			target := tr.last(c.scope)
-			for c.cursorNow() < target {
-				if time.Now().After(deadline) {
-					t.Fatalf("round %d: %s reached %d, not %d, within 30s (violations: %v)", round, c.name, c.cursorNow(), target, tr.errors())
-				}
-				sleepCtx(ctx, 20*time.Millisecond)
-			}
-		}
+		nodetest.CatchUp(t, ctx, tr, clients, 30*time.Second)
 		if crash {
 			want := make([]int64, 0, len(rows))
 			for _, r := range rows {
@@ -307,7 +284,7 @@ func TestCrashDurability(t *testing.T) {
 				t.Errorf("round %d: a resume from %d, the cursor held at the crash, got %d events, want %d: %s", round, atCrash, len(got), len(want), firstDiff(got, want))
 			}
 		}
-		if errs := tr.errors(); len(errs) > 0 {
+		if errs := tr.Errors(); len(errs) > 0 {
 			t.Fatalf("round %d: %d violations, the first: %v", round, len(errs), errs[:min(len(errs), 10)])
 		}
 		t.Logf("round %d (%s): %d acknowledged events (the nodes' and the test's retries) in the log, %d committed but unacknowledged, %d in flight retried by the test (%d stored by the retry), head %d",
@@ -315,9 +292,8 @@ func TestCrashDurability(t *testing.T) {
 		totalInFlight += len(inFlight)
 		totalUnacked += unacked
 	}
-	ccancel()
-	cwg.Wait()
-	rep := tr.check(t, hub, clients)
+	stopClients()
+	rep := tr.Check(t, hub, clients)
 	if n := rep.Gaps["pruned"] + rep.Gaps["replay_limit"] + rep.PollGaps["pruned"]; n > 0 {
 		t.Errorf("%d gaps with nothing pruned", n)
 	}
@@ -334,7 +310,7 @@ func TestCrashDurability(t *testing.T) {
 // sequence floor), every row intact (type, topic and payload follow from its id), no
 // event id twice, every acknowledged event at its sequence. The rows go to
 // tr.
-func crashLog(t *testing.T, s *Store, round int, acks map[string]int64, tr *truth) []replayd.Event {
+func crashLog(t *testing.T, s *Store, round int, acks map[string]int64, tr *nodetest.Truth) []replayd.Event {
 	t.Helper()
 	rows := allEvents(t, s)
 	q, err := s.pool.Query(context.Background(), "SELECT global_ord FROM "+s.prefix+"events ORDER BY sequence")
@@ -357,7 +333,7 @@ func crashLog(t *testing.T, s *Store, round int, acks map[string]int64, tr *trut
 		if r.Type != crashType || r.Topic != crashTopic(r.EventID) || string(r.Payload) != string(crashPayload(r.EventID)) {
 			t.Errorf("round %d: row %d (%s) is torn or foreign: type %q, topic %q, %d payload bytes", round, r.Sequence, r.EventID, r.Type, r.Topic, len(r.Payload))
 		}
-		tr.add(r, acks[r.EventID] == r.Sequence)
+		tr.Add(r, acks[r.EventID] == r.Sequence)
 	}
 	for id, seq := range acks {
 		switch got, ok := ids[id]; {
@@ -388,7 +364,7 @@ func waitSessionsGone(ctx context.Context, s *Store, pattern string) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%d sessions of the killed nodes still open after 20s", n)
 		}
-		sleepCtx(ctx, 10*time.Millisecond)
+		nodetest.SleepCtx(ctx, 10*time.Millisecond)
 	}
 }
 
@@ -489,7 +465,7 @@ func runCrashNode(dsn, prefix, name string) {
 	if _, err := hub.StartTail(200*time.Millisecond, replayd.TailOptions{}); err != nil {
 		die(err)
 	}
-	say, err := childServe(hub)
+	say, err := nodetest.Serve(hub)
 	if err != nil {
 		die(err)
 	}

@@ -4,19 +4,19 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"net"
-	"net/http"
+	"io"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/internal/sseparse"
 	"github.com/replayd/replayd/internal/testenv"
 	"github.com/replayd/replayd/storage"
 	"go.uber.org/goleak"
@@ -188,34 +188,32 @@ func allEvents(t testing.TB, s *Store) []replayd.Event {
 	}
 }
 
-// childServe serves hub for a child process: its SSE endpoint at / and its
-// poll endpoint at /poll, on a new local listener. It returns say, which
-// writes a line to the parent on stdout (and exits 4 once the parent is
-// gone), having said "addr http://<the listener>".
-func childServe(hub *replayd.EventHub) (say func(format string, args ...any), err error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/poll", hub.PollHandler())
-	mux.Handle("/", hub.Handler())
-	go http.Serve(ln, mux)
-	var outMu sync.Mutex
-	say = func(format string, args ...any) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		if _, err := fmt.Printf(format+"\n", args...); err != nil {
-			os.Exit(4) // the parent is gone
-		}
-	}
-	say("addr http://%s", ln.Addr())
-	return say, nil
-}
-
 // readAfter returns up to limit events of every topic above after,
 // ascending, through the contract's Read: the rows a live hub catches up on.
 func readAfter(ctx context.Context, s *Store, after int64, limit int) ([]replayd.Event, error) {
 	p, err := s.Read(ctx, storage.ReadRequest{After: after, Limit: limit})
 	return p.Events, err
+}
+
+// sseFrame is one dispatched SSE frame.
+type sseFrame struct{ id, event, data string }
+
+// readSSE parses an SSE stream into frames until it ends, then closes out.
+// Frames with neither an event type nor data (a lone retry) are skipped.
+func readSSE(r io.Reader, out chan<- sseFrame) error {
+	defer close(out)
+	sr := sseparse.NewReader(r)
+	for {
+		f, err := sr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if len(f.Event) == 0 && len(f.Data) == 0 {
+			continue
+		}
+		out <- sseFrame{id: string(f.ID), event: string(f.Event), data: string(f.Data)}
+	}
 }

@@ -22,6 +22,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx" driver
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/childproc"
+	"github.com/replayd/replayd/internal/nodetest"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -626,7 +627,7 @@ func txKillChild(dsn, prefix, mode string) {
 		if _, err := hub.StartTail(time.Hour, replayd.TailOptions{}); err != nil {
 			die(err)
 		}
-		if _, err := childServe(hub); err != nil {
+		if _, err := nodetest.Serve(hub); err != nil {
 			die(err)
 		}
 		io.Copy(io.Discard, os.Stdin)

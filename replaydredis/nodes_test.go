@@ -5,28 +5,29 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"net/http/httptest"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/chaostest"
+	"github.com/replayd/replayd/internal/nodetest"
 	"github.com/replayd/replayd/replaydredis/internal/redisserver"
 	"github.com/replayd/replayd/storage"
 )
 
 // Three nodes (hubs on stores of their own, each tailing) on one Redis,
 // with redis-server itself killed with SIGKILL and restarted three times
-// while every node publishes, one prunes, and SSE clients hop between the
-// nodes with their Last-Event-ID. Redis runs with appendfsync always, so
+// while every node publishes, one prunes (to the newest 1,000), and
+// clients hop between the nodes over SSE with their Last-Event-ID, over
+// polls passing their cursor back, or both on one cursor (internal/nodetest's
+// sixteen, as in TestNodesRedisProcesses). Redis runs with appendfsync always, so
 // no acknowledged append is lost; each restart raises the sequence floor
 // (another run_id). Publishes during an outage fail; their events are
 // recorded as attempted. The chaos oracle (chaostest.Check) then holds
-// every frame to the ledger and the log: 0 violations. Each node's
+// every frame and poll answer to the ledger and the log: 0 violations. Each node's
 // in-process gap subscriber gets every event still in the log in order,
 // or a gap naming it: a node whose own publish committed while it could
 // not read the rows below it (Redis died between the two) is told
@@ -37,12 +38,12 @@ func TestNodesRedisKilled(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	srv := redisserver.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	prefix := testPrefix(t)
-	ledger, timeline := chaostest.NewLedger(), chaostest.NewTimeline()
+	tr := nodetest.NewTruth(seed)
+	ledger, timeline := tr.Ledger, tr.Timeline
 
 	const nodes = 3
 	hubs := make([]*replayd.EventHub, nodes)
-	urls := make([]string, nodes)
-	servers := make([]*chaostest.Server, nodes)
+	cl := &nodetest.Cluster{Limit: 100, Outages: true} // the hubs' default ReplayLimit; 503 while Redis is down
 	var subs []*gapSubscriber
 	for i := range nodes {
 		h := hubOn(t, openStore(t, srv.URL(), prefix))
@@ -52,15 +53,13 @@ func TestNodesRedisKilled(t *testing.T) {
 		}
 		t.Cleanup(stop)
 		subs = append(subs, subscribe(t, fmt.Sprintf("n%d", i), h, timeline))
-		hs := httptest.NewServer(h.Handler())
+		hs := httptest.NewServer(nodetest.Mux(h))
 		t.Cleanup(hs.Close)
-		hubs[i], urls[i] = h, hs.URL
-		servers[i] = &chaostest.Server{Name: fmt.Sprintf("n%d", i), ReplayLimit: 100, Unavailable: true}
+		hubs[i] = h
+		cl.SetAddr(i, hs.URL, 1)
 	}
 
-	stop := make(chan struct{})   // the chaos phase is over
-	finish := make(chan struct{}) // the fence is published
-	var fence atomic.Int64
+	stop := make(chan struct{}) // the chaos phase is over
 	var wg sync.WaitGroup
 
 	// Publishers, one per node, and a pruner on node 1.
@@ -101,7 +100,7 @@ func TestNodesRedisKilled(t *testing.T) {
 			case <-stop:
 				return
 			case <-tick.C:
-				hubs[1].Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 3000})
+				hubs[1].Prune(context.Background(), replayd.RetentionPolicy{MaxEvents: 1000})
 			}
 		}
 	}()
@@ -132,122 +131,12 @@ func TestNodesRedisKilled(t *testing.T) {
 		}
 	}()
 
-	// Clients.
-	var (
-		connMu sync.Mutex
-		conns  []*chaostest.Conn
-		connID atomic.Int64
-	)
-	scopes := [][]string{nil, {"a"}, {"b", "c"}, {"c"}}
-	httpc := &http.Client{}
-	visit := func(c *chaostest.Conn, url string, life time.Duration, finishing bool) (reached bool) {
-		c.Start, c.Known = timeline.Since(), ledger.Max()
-		defer func() { c.Stop = timeline.Since() }()
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		q := ""
-		for k, tp := range c.Topics {
-			q += map[bool]string{true: "?", false: "&"}[k == 0] + "topic=" + tp
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+q, nil)
-		if c.Sent != "" {
-			req.Header.Set("Last-Event-ID", c.Sent)
-		}
-		resp, err := httpc.Do(req)
-		if err != nil {
-			c.End = "dropped before the response"
-			return false
-		}
-		defer resp.Body.Close()
-		c.Status, c.Chunked = resp.StatusCode, slices.Contains(resp.TransferEncoding, "chunked")
-		if resp.StatusCode != http.StatusOK {
-			c.End = "status " + resp.Status
-			return false
-		}
-		frames := make(chan chaostest.Frame, 4)
-		go func() {
-			chaostest.ReadFrames(resp.Body, frames)
-			close(frames)
-		}()
-		drain := func(why string) {
-			c.End = why
-			cancel()
-			resp.Body.Close()
-			for f := range frames {
-				c.Add(f)
-			}
-		}
-		lifeT := time.NewTimer(life)
-		defer lifeT.Stop()
-		lifeC := (<-chan time.Time)(lifeT.C)
-		if finishing {
-			lifeC = nil
-		}
-		deadline := time.NewTimer(60 * time.Second)
-		defer deadline.Stop()
-		for {
-			select {
-			case f, ok := <-frames:
-				if !ok {
-					c.End = "server ended the stream"
-					return false
-				}
-				c.Add(f)
-				if fc := fence.Load(); fc > 0 && c.Reached(fc) {
-					drain("reached the fence")
-					return true
-				}
-			case <-lifeC:
-				drain("client closed after its lifetime")
-				return false
-			case <-deadline.C:
-				drain("gave up waiting for the fence")
-				return false
-			}
-		}
-	}
-	const clients = 9
-	unreached := make(chan int, clients)
-	var cwg sync.WaitGroup
-	for k := range clients {
-		crng := rand.New(rand.NewPCG(seed, uint64(100+k)))
-		scope := scopes[k%len(scopes)]
-		cwg.Add(1)
-		go func() {
-			defer cwg.Done()
-			var last chaostest.Visit
-			lastID := ""
-			giveUp := time.Now().Add(90 * time.Second)
-			for time.Now().Before(giveUp) {
-				finishing := false
-				select {
-				case <-finish:
-					finishing = true
-				default:
-				}
-				n := crng.IntN(nodes)
-				c := &chaostest.Conn{ID: int(connID.Add(1)), Client: fmt.Sprintf("client %d", k), Server: servers[n],
-					Topics: scope, Mode: "fresh"}
-				if lastID != "" {
-					c.Mode, c.Sent, c.After = "resume", lastID, last
-				}
-				reached := visit(c, urls[n], time.Duration(50+crng.IntN(700))*time.Millisecond, finishing)
-				connMu.Lock()
-				conns = append(conns, c)
-				connMu.Unlock()
-				if id := c.LastID(lastID); id != lastID {
-					lastID, last = id, c
-				}
-				if reached {
-					return
-				}
-				if c.Status != http.StatusOK {
-					time.Sleep(20 * time.Millisecond) // an EventSource's reconnection delay
-				}
-			}
-			unreached <- k
-		}()
-	}
+	// Clients: internal/nodetest's sixteen, hopping between the nodes
+	// over SSE, polls, or both on one cursor.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	clients, stopClients := nodetest.StartClients(ctx, tr, cl, nodetest.Specs, nil)
+	defer stopClients()
 
 	// Redis killed and restarted, three times.
 	for range 3 {
@@ -262,7 +151,8 @@ func TestNodesRedisKilled(t *testing.T) {
 	close(stop)
 	wg.Wait()
 
-	// The fence, then every client reads to it.
+	// The fence (for the gap subscribers), then every client reads to
+	// the newest event of its scope.
 	var fev replayd.Event
 	for try := 0; ; try++ {
 		ev, err := hubs[0].Publish(context.Background(), "", json.RawMessage(`"fence"`), replayd.WithEventID("fence"))
@@ -276,36 +166,26 @@ func TestNodesRedisKilled(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	ledger.Published(fev)
-	fence.Store(fev.Sequence)
-	close(finish)
-	cwg.Wait()
-	close(unreached)
-	for k := range unreached {
-		t.Errorf("client %d never reached the fence", k)
+	nodetest.CatchUp(t, ctx, tr, clients, 60*time.Second)
+	stopClients()
+	if errs := tr.Errors(); len(errs) > 0 {
+		t.Fatalf("%d failures, the first: %v", len(errs), errs[:min(len(errs), 10)])
 	}
 	for _, s := range subs {
 		s.wait(t, fev.Sequence)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	rows, mark, err := chaostest.ReadLog(ctx, hubs[2])
+	rep := tr.Check(t, hubs[2], clients)
+	rows, _, err := chaostest.ReadLog(ctx, hubs[2])
 	if err != nil {
 		t.Fatal(err)
 	}
-	head, err := hubs[2].LatestSequence(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := chaostest.Check(chaostest.Input{Ledger: ledger, Log: rows, Mark: mark, Head: head, Conns: conns,
-		Seed: seed, Timeline: timeline})
 	for _, s := range subs {
 		s.check(t, rows, fev.Sequence)
 	}
-	for _, v := range rep.Violations {
-		t.Error(v)
+	if rep.Resumes == 0 || rep.PollResumes == 0 {
+		t.Errorf("%d SSE and %d poll resumes on another node: want some of each", rep.Resumes, rep.PollResumes)
 	}
-	rep.Log(t)
 }
 
 // gapSubscriber records what a hub's SubscribeWithGaps delivers: events
