@@ -45,13 +45,19 @@ type Manager struct {
 	cfg  Config
 	node string
 
-	mu   sync.Mutex
-	runs map[string]*run // jobs this node runs, by id
+	mu    sync.Mutex
+	runs  map[string]*run  // jobs this node runs, by id
+	open  map[string]int   // readers open on this node through the hub's handlers, by job id (readers.go)
+	wrote map[string]int64 // when this node last wrote a job's lastRead (Unix ms), by id, for a tick
 }
 
-// New returns a Manager of cfg.
+// New returns a Manager of cfg; it counts the reads of readers held open
+// (readers.go) on a goroutine of cfg.Go until cfg.Ctx ends.
 func New(cfg Config) *Manager {
-	return &Manager{cfg: cfg, node: uuid.NewString(), runs: make(map[string]*run)}
+	m := &Manager{cfg: cfg, node: uuid.NewString(), runs: make(map[string]*run),
+		open: make(map[string]int), wrote: make(map[string]int64)}
+	_ = cfg.Go(m.holdReads) // ErrClosed: nothing to count
+	return m
 }
 
 // Info is what a job's record says of it.
@@ -294,22 +300,7 @@ func (m *Manager) touch(ctx context.Context, rec *record) {
 	if now-rec.LastRead < m.cfg.AbandonAfter.Milliseconds()/4 {
 		return
 	}
-	topic := m.topic(rec.ID)
-	err := m.update(ctx, topic, func(a *durable.AppTx) error {
-		s, err := a.Get(ctx, topic)
-		if err != nil || s == nil {
-			return err
-		}
-		cur, err := decodeRecord(s.App)
-		if err != nil || cur.Status != Streaming || cur.LastRead >= now {
-			return err
-		}
-		cur.LastRead = now
-		return a.Set(ctx, topic, cur.encode(), m.expiry(cur), false)
-	})
-	if err != nil && ctx.Err() == nil {
-		m.cfg.Logger.Warn("replayd: jobs: record a read", "job", rec.ID, "err", err)
-	}
+	m.writeRead(ctx, rec.ID, now)
 }
 
 func errorf(code, format string, args ...any) *ErrorInfo {
