@@ -332,9 +332,11 @@ func (r *run) flush(o *outcome) (done bool, err error) {
 			cur.Text += len16(texts[i])
 		}
 		if len(ps) > 0 {
-			if _, err := a.Append(m.cfg.Ctx, r.topic, ps); err != nil {
+			seq, err := a.Append(m.cfg.Ctx, r.topic, ps)
+			if err != nil {
 				return err
 			}
+			cur.addMark(seq)
 		}
 		if progress != nil {
 			cur.Progress = progress
