@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf16"
+
+	"github.com/replayd/replayd/internal/sqlitetest"
 )
 
 // longJob starts job id writing n tokens (of 1 to 4 UTF-8 bytes a
@@ -131,7 +133,12 @@ func TestJobsReadFromAnyOffset(t *testing.T) {
 //	go test -run '^$' -bench BenchmarkJobsPoll -benchtime 200x .
 func BenchmarkJobsPoll(b *testing.B) {
 	_, path := openTestDB(b)
-	h, cs := streamCountingHub(b, path, Options{})
+	cs := sqlitetest.OpenCounting(b, path)
+	h, err := NewWithStore(cs, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
 	j, err := h.Jobs(JobsOptions{Linger: time.Millisecond})
 	if err != nil {
 		b.Fatal(err)
@@ -150,13 +157,13 @@ func BenchmarkJobsPoll(b *testing.B) {
 		{"end-16KB", "short", int64(len(utf16.Encode([]rune(short)))) - 200},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			before := cs.readBytes.Load()
+			before := cs.ReadBytes.Load()
 			for b.Loop() {
 				if _, err := j.Read(context.Background(), c.id, c.since, 1<<40); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(cs.readBytes.Load()-before)/float64(b.N), "store-bytes/op")
+			b.ReportMetric(float64(cs.ReadBytes.Load()-before)/float64(b.N), "store-bytes/op")
 		})
 	}
 }
