@@ -188,4 +188,3 @@ func JobsCost(t *testing.T, open func(replayd.Options) *replayd.EventHub, commit
 		r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(100*time.Microsecond), r.TargetMet)
 	return r
 }
-
