@@ -89,6 +89,7 @@ func (h *EventHub) DurableStreams(opts DurableStreamsOptions) http.Handler {
 		MaxWait:         h.opts.Poll.MaxWait,
 		MaxBody:         opts.MaxBody,
 		Prune:           prune,
+		Reading:         func(topic string) func() { return h.reading([]string{topic}) },
 		Now:             time.Now,
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replayd/replayd/internal/event"
+	"github.com/replayd/replayd/internal/jobs"
 	"github.com/replayd/replayd/internal/live"
 	"github.com/replayd/replayd/sqlitestore"
 	"github.com/replayd/replayd/storage"
@@ -249,6 +250,11 @@ type EventHub struct {
 
 	live *live.Hub   // live delivery (internal/live)
 	txp  txPublisher // InTx and PublishTx (tx.go)
+
+	// reads is told of the reads of the handlers, by topic (see reading,
+	// jobs.go): the hub's Jobs, once EventHub.Jobs was called; nil costs
+	// nothing.
+	reads atomic.Pointer[jobs.Manager]
 
 	// conns counts open SSE streams and waiting long polls, against
 	// SSEOptions.MaxConnections (see acquireSlot).

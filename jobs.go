@@ -22,9 +22,12 @@ type JobsOptions struct {
 	// TopicPrefix is put before a job's id to make its stream's topic;
 	// default "jobs/".
 	TopicPrefix string
-	// AbandonAfter: a running job nobody read (through Jobs.Read, Get or
-	// the relay handler, on any node) for this long ends error abandoned
-	// and its upstream's context is cancelled; default 10 minutes.
+	// AbandonAfter: a running job nobody read (through Jobs.Read, the
+	// relay handler, Handler() or PollHandler() on its topic, or the
+	// Durable Streams protocol, on any node; an SSE stream or a long poll
+	// counts for as long as it is open) for this long ends error
+	// abandoned and its upstream's context is cancelled; default 10
+	// minutes.
 	AbandonAfter time.Duration
 	// Retention: a finished job is kept this long, then deleted (reads
 	// answer not found); default 10 minutes.
@@ -33,9 +36,10 @@ type JobsOptions struct {
 	// whose claim lapsed (its node died) ends error interrupted when
 	// another node, or this one restarted, reads or starts it; default 15 s.
 	Lease time.Duration
-	// Linger is how long written text waits for more before one commit
-	// takes it all (default 30 ms); MaxBuffer the bytes that are committed
-	// at once (default 16 KiB).
+	// Linger is the least time between two commits of the node's jobs'
+	// output: one commit takes what every job has pending (default 50 ms:
+	// about 20 commits/s per node however many jobs run); a job's pending
+	// MaxBuffer bytes are committed without waiting (default 16 KiB).
 	Linger    time.Duration
 	MaxBuffer int
 }
@@ -110,7 +114,7 @@ func (h *EventHub) Jobs(opts JobsOptions) (*Jobs, error) {
 	def(&opts.AbandonAfter, 10*time.Minute)
 	def(&opts.Retention, 10*time.Minute)
 	def(&opts.Lease, 15*time.Second)
-	def(&opts.Linger, 30*time.Millisecond)
+	def(&opts.Linger, 50*time.Millisecond)
 	if opts.MaxBuffer <= 0 {
 		opts.MaxBuffer = 16 << 10
 	}
@@ -123,7 +127,20 @@ func (h *EventHub) Jobs(opts JobsOptions) (*Jobs, error) {
 		TopicPrefix: opts.TopicPrefix, Lease: opts.Lease, AbandonAfter: opts.AbandonAfter,
 		Retention: opts.Retention, Linger: opts.Linger, MaxBuffer: opts.MaxBuffer,
 	})
+	h.reads.Store(m)
 	return &Jobs{h: h, m: m}, nil
+}
+
+// reading is the hook Handler(), PollHandler() and DurableStreams() call
+// with the topics of a read (an SSE stream while it is open, a poll while
+// it waits, a Durable Streams read): once Jobs was called, the reads of a
+// job's topic count against its abandonment (internal/jobs/readers.go).
+// done (nil when the read concerns no job) ends the read.
+func (h *EventHub) reading(topics []string) (done func()) {
+	if m := h.reads.Load(); m != nil {
+		return m.Reading(topics)
+	}
+	return nil
 }
 
 // Start starts job id (a generated UUIDv7 when id is "") running fn on

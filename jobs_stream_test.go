@@ -79,6 +79,7 @@ func newJobsEnvAt(t *testing.T, path string, opts JobsOptions, up func(json.RawM
 		Upstream: func(r *http.Request, payload json.RawMessage) JobFunc { return up(payload) }}))
 	mux.Handle("/v1/stream/", h.DurableStreams(DurableStreamsOptions{Open: true}))
 	mux.Handle("/poll", h.PollHandler())
+	mux.Handle("/events", h.Handler())
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return &jobsEnv{h: h, j: j, path: path, url: srv.URL}

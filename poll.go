@@ -86,6 +86,9 @@ func (ph *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
+	if done := h.reading(topics); done != nil {
+		defer done() // a long poll reads for as long as it waits
+	}
 	p, err := parsePollParams(query, h.opts.Poll.MaxLimit, h.opts.Poll.MaxWait)
 	if err != nil {
 		h.metrics.refused(refusedBadRequest)

@@ -66,6 +66,7 @@ type sseStream struct {
 	cancel   func()       // ends ctx (detach, watchRevocation); nil while ctx is the request's
 	unrevoke func()       // ends the revocation watch (watchRevocation); nil if none
 	s        *live.Stream // the live queue, once subscribed (subscribe); nil before
+	unread   func()       // ends the read of the jobs among topics (subscribe); nil if none
 
 	// The live phase.
 	floor   int64       // the last sequence written; the queue may repeat some at or below it
@@ -144,6 +145,7 @@ func (c *sseStream) subscribe() bool {
 	}
 	c.s = s // undone by finish
 	h.clients.opened(c.topics)
+	c.unread = h.reading(c.topics)
 	h.metrics.connOpened(transportSSE)
 
 	// Subscribe before reading the head: every row committed later is
@@ -325,6 +327,9 @@ func (c *sseStream) finish() {
 	h.live.RemoveStream(s)
 	h.metrics.connClosed(transportSSE)
 	h.clients.closed(c.topics)
+	if c.unread != nil {
+		c.unread()
+	}
 	if s.WasCut() {
 		h.logger.Info("replayd: slow consumer disconnected: its unsent frames passed MaxBufferedBytes",
 			"topics", c.topics, "remote", c.remote, "maxBufferedBytes", h.opts.SSE.MaxBufferedBytes)

@@ -47,7 +47,11 @@ type Config struct {
 	// Prune deletes a topic's events through a sequence, for the sweep
 	// (sweep.go); nil: they are left to retention.
 	Prune func(ctx context.Context, topic string, through int64) (int64, error)
-	Now   func() time.Time
+	// Reading is told of a read of topic (a catch-up read, a long poll, an
+	// SSE stream) that found the stream; done, if not nil, is called when
+	// the read ends. Nil: nobody is told.
+	Reading func(topic string) (done func())
+	Now     func() time.Time
 }
 
 // Handler serves the protocol. Build it with New.

@@ -269,6 +269,11 @@ func (h *Handler) read(w http.ResponseWriter, r *http.Request, topic string) {
 		return
 	}
 	h.touch(ctx, topic, v.m)
+	if h.Reading != nil {
+		if done := h.Reading(topic); done != nil {
+			defer done() // a long poll and an SSE stream read for as long as they are open
+		}
+	}
 	switch mode {
 	case "sse":
 		h.sse(w, r, topic, v, waiter)

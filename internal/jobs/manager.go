@@ -32,7 +32,7 @@ type Config struct {
 	Lease        time.Duration // how long a node's claim on a running job lasts unless renewed
 	AbandonAfter time.Duration // a job nobody read for this long ends error abandoned
 	Retention    time.Duration // a finished job is kept this long, then deleted
-	Linger       time.Duration // how long text waits for more before it is committed
+	Linger       time.Duration // the least time between two commits of the node's jobs' output (commit.go)
 	MaxBuffer    int           // bytes of pending text that are committed at once
 }
 
@@ -45,13 +45,24 @@ type Manager struct {
 	cfg  Config
 	node string
 
-	mu   sync.Mutex
-	runs map[string]*run // jobs this node runs, by id
+	mu    sync.Mutex
+	runs  map[string]*run  // jobs this node runs, by id
+	open  map[string]int   // readers open on this node through the hub's handlers, by job id (readers.go)
+	wrote map[string]int64 // when this node last wrote a job's lastRead (Unix ms), by id, for a tick
+
+	wake, full chan struct{} // 1: wake the committer (commit.go)
 }
 
-// New returns a Manager of cfg.
+// New returns a Manager of cfg; its committer (commit.go) and its count
+// of the readers held open (readers.go) run on goroutines of cfg.Go until
+// cfg.Ctx ends.
 func New(cfg Config) *Manager {
-	return &Manager{cfg: cfg, node: uuid.NewString(), runs: make(map[string]*run)}
+	m := &Manager{cfg: cfg, node: uuid.NewString(), runs: make(map[string]*run),
+		open: make(map[string]int), wrote: make(map[string]int64),
+		wake: make(chan struct{}, 1), full: make(chan struct{}, 1)}
+	_ = cfg.Go(m.commitLoop) // ErrClosed: the hub closed, nothing runs
+	_ = cfg.Go(m.holdReads)
+	return m
 }
 
 // Info is what a job's record says of it.
@@ -96,15 +107,7 @@ func (m *Manager) Topic(id string) string { return m.topic(id) }
 // update runs fn in one stream transaction of topic and delivers what it
 // appended once it committed.
 func (m *Manager) update(ctx context.Context, topic string, fn func(a *durable.AppTx) error) error {
-	var a *durable.AppTx
-	err := m.cfg.Store.UpdateStreams(ctx, []string{topic}, func(tx storage.StreamTx) error {
-		a = durable.NewAppTx(tx, m.cfg.Now(), m.cfg.DataType)
-		return fn(a)
-	})
-	if err == nil && m.cfg.Deliver != nil && len(a.Events()) > 0 {
-		m.cfg.Deliver(a.Events())
-	}
-	return err
+	return m.updateTopics(ctx, []string{topic}, fn)
 }
 
 // Start starts job id (a fresh UUIDv7 when id is ""), running fn on this
@@ -294,22 +297,7 @@ func (m *Manager) touch(ctx context.Context, rec *record) {
 	if now-rec.LastRead < m.cfg.AbandonAfter.Milliseconds()/4 {
 		return
 	}
-	topic := m.topic(rec.ID)
-	err := m.update(ctx, topic, func(a *durable.AppTx) error {
-		s, err := a.Get(ctx, topic)
-		if err != nil || s == nil {
-			return err
-		}
-		cur, err := decodeRecord(s.App)
-		if err != nil || cur.Status != Streaming || cur.LastRead >= now {
-			return err
-		}
-		cur.LastRead = now
-		return a.Set(ctx, topic, cur.encode(), m.expiry(cur), false)
-	})
-	if err != nil && ctx.Err() == nil {
-		m.cfg.Logger.Warn("replayd: jobs: record a read", "job", rec.ID, "err", err)
-	}
+	m.writeRead(ctx, rec.ID, now)
 }
 
 func errorf(code, format string, args ...any) *ErrorInfo {

@@ -26,8 +26,21 @@ type Poll struct {
 	AllEvents []json.RawMessage
 }
 
-// readPage is how many events one store read returns.
-const readPage = 500
+// readPage is how many events one store read returns; firstPage the
+// first's, which also reads the record.
+const (
+	readPage  = 500
+	firstPage = 16
+)
+
+// readAfter is the store read of topic's messages after a sequence.
+func readAfter(topic string, s *durable.AppStream, after int64) storage.StreamReadRequest {
+	req := storage.StreamReadRequest{Topic: topic, After: after, Limit: readPage}
+	if s.Closed {
+		req.Through = s.Tail
+	}
+	return req
+}
 
 // Read reads job id from text offset since and event offset eventSince
 // (clamped to what was committed); all also fills Text and AllEvents of a
@@ -38,7 +51,9 @@ func (m *Manager) Read(ctx context.Context, id string, since, eventSince int64, 
 		return nil, ErrNotFound
 	}
 	topic := m.topic(id)
-	page, err := m.cfg.Store.ReadStream(ctx, storage.StreamReadRequest{Topic: topic, Limit: readPage})
+	// The record, in one snapshot with the stream's first few messages
+	// (a short answer's all); a longer one is read from its mark (index.go).
+	page, err := m.cfg.Store.ReadStream(ctx, storage.StreamReadRequest{Topic: topic, Limit: firstPage})
 	if err != nil {
 		return nil, err
 	}
@@ -70,6 +85,14 @@ func (m *Manager) Read(ctx context.Context, id string, since, eventSince int64, 
 	whole := all && rec.Status == Complete
 	var text, whole16 strings.Builder
 	after := s.Base
+	if at := rec.markFor(since, eventSince); !whole && page.More && at > after {
+		if n := len(page.Events); n == 0 || at > page.Events[n-1].Sequence {
+			after = at
+			if page, err = m.cfg.Store.ReadStream(ctx, readAfter(topic, s, after)); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for {
 		for _, ev := range page.Events {
 			if ev.Sequence <= after {
@@ -111,11 +134,7 @@ func (m *Manager) Read(ctx context.Context, id string, since, eventSince int64, 
 		if !page.More || (s.Closed && after >= s.Tail) {
 			break
 		}
-		req := storage.StreamReadRequest{Topic: topic, After: after, Limit: readPage}
-		if s.Closed {
-			req.Through = s.Tail
-		}
-		if page, err = m.cfg.Store.ReadStream(ctx, req); err != nil {
+		if page, err = m.cfg.Store.ReadStream(ctx, readAfter(topic, s, after)); err != nil {
 			return nil, err
 		}
 	}

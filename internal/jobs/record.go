@@ -52,6 +52,11 @@ type record struct {
 	Progress json.RawMessage `json:"progress,omitempty"`
 	Meta     json.RawMessage `json:"meta,omitempty"`
 	Err      *ErrorInfo      `json:"error,omitempty"`
+	// Marks index the stream (index.go): positions of the log where a
+	// read from a text and an event offset may start; MarkStep is the
+	// distance between them.
+	Marks    []mark `json:"marks,omitempty"`
+	MarkStep int64  `json:"markStep,omitempty"`
 }
 
 func decodeRecord(app json.RawMessage) (*record, error) {

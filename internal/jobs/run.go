@@ -8,22 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/replayd/replayd/internal/durable"
 )
 
-// A run is a job this node runs: the upstream on one goroutine, and the
-// flusher on another, which alone commits: the coalesced text and events,
-// the progress, the lease's renewal, the end.
-//
-// Coalescing: a write only appends to the pending buffer; the flusher
-// commits it, in one transaction, Linger after the first pending write
-// (or at once when MaxBuffer bytes are pending, on a heartbeat, and at the
-// end). A token-per-write upstream costs one commit per Linger, not one
-// per token. A crash loses at most what was pending (the last Linger of
-// text, or MaxBuffer bytes): what was committed is a prefix of what the
-// upstream wrote, and the job then ends error interrupted, so a reader
-// never takes a truncated answer for a complete one.
+// A run is a job this node runs: the upstream on a goroutine of its own;
+// the node's committer (commit.go) alone commits its output, with every
+// other run's, in one transaction per Linger.
 type run struct {
 	m      *Manager
 	id     string
@@ -32,14 +21,14 @@ type run struct {
 	cancel context.CancelFunc
 
 	lastRead atomic.Int64 // a read on this node (Unix ms)
+	beat     time.Time    // the last commit of the run (the committer's alone)
 
 	mu       sync.Mutex
 	pending  []item          // text and events, in the upstream's order
 	size     int             // bytes pending
 	progress json.RawMessage // the latest, not yet committed
+	ended    *outcome        // the upstream's, once it returned, until committed
 	stopped  error           // set once nothing more is accepted
-	wake     chan struct{}   // 1: something is pending
-	end      chan outcome    // 1: the upstream's outcome
 }
 
 // An item is pending text or one pending event.
@@ -137,31 +126,33 @@ func (w *Writer) Progress(p Progress) error {
 // ID is the job's id.
 func (w *Writer) ID() string { return w.r.id }
 
-// kick wakes the flusher (r.mu held).
-func (r *run) kick() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
+// kick tells the committer that r has something pending (r.mu held).
+func (r *run) kick() { r.m.kick(r.size >= r.m.cfg.MaxBuffer) }
 
 // run starts rec's run on this node. A hub that closed meanwhile runs
 // nothing: the job's lease lapses and it ends interrupted.
 func (m *Manager) run(id, topic string, rec *record, fn Func) {
 	ctx, cancel := context.WithCancel(m.cfg.Ctx)
-	r := &run{m: m, id: id, topic: topic, ctx: ctx, cancel: cancel,
-		wake: make(chan struct{}, 1), end: make(chan outcome, 1)}
+	r := &run{m: m, id: id, topic: topic, ctx: ctx, cancel: cancel, beat: time.Now()}
 	r.lastRead.Store(rec.LastRead)
 	m.mu.Lock()
 	m.runs[id] = r
 	m.mu.Unlock()
-	if err := m.cfg.Go(r.flusher); err != nil {
+	if err := m.cfg.Go(func() { r.end(r.upstream(fn)) }); err != nil {
 		r.forget()
-		return
 	}
-	if err := m.cfg.Go(func() { r.end <- r.upstream(fn) }); err != nil {
-		cancel()
+}
+
+// end takes the upstream's outcome: nothing more is written, and the next
+// commit ends the job.
+func (r *run) end(o outcome) {
+	r.mu.Lock()
+	if r.stopped == nil {
+		r.stopped = ErrEnded
 	}
+	r.ended = &o
+	r.kick()
+	r.mu.Unlock()
 }
 
 // upstream runs fn and returns how the job ends.
@@ -202,184 +193,4 @@ func (r *run) stop(err error) {
 		r.stopped = err
 	}
 	r.mu.Unlock()
-}
-
-// errLost is a flush's when the job is no longer this node's (another
-// node or a reader ended it interrupted after this node's lease lapsed).
-var errLost = errors.New("replayd: jobs: the job is no longer this node's")
-
-// flusher commits what the upstream writes until the job ends, or the
-// hub closes (then nothing more is written: as a crash, the job ends
-// interrupted once its lease lapses).
-func (r *run) flusher() {
-	defer r.forget()
-	cfg := &r.m.cfg
-	beat := time.NewTicker(max(cfg.Lease/3, time.Millisecond))
-	defer beat.Stop()
-	var linger *time.Timer
-	var lingerC <-chan time.Time
-	retry := time.Duration(0)
-	for {
-		var o *outcome
-		select {
-		case <-cfg.Ctx.Done():
-			return
-		case <-r.wake:
-			r.mu.Lock()
-			full := r.size >= cfg.MaxBuffer
-			r.mu.Unlock()
-			if !full {
-				if lingerC == nil {
-					linger = time.NewTimer(cfg.Linger)
-					lingerC = linger.C
-				}
-				continue
-			}
-		case <-lingerC:
-		case <-beat.C:
-		case out := <-r.end:
-			r.stop(ErrEnded)
-			o = &out
-		}
-		if linger != nil {
-			linger.Stop()
-			linger, lingerC = nil, nil
-		}
-		done, err := r.flush(o)
-		switch {
-		case done:
-			return
-		case err != nil && cfg.Ctx.Err() != nil:
-			return
-		case err != nil:
-			// The pending writes are kept; the next beat tries again.
-			retry = min(max(2*retry, 10*time.Millisecond), cfg.Lease/3)
-			cfg.Logger.Warn("replayd: jobs: commit a job's output", "job", r.id, "err", err, "retry", retry)
-			if o != nil {
-				select {
-				case <-cfg.Ctx.Done():
-					return
-				case <-time.After(retry):
-				}
-				r.end <- *o
-			}
-		default:
-			retry = 0
-		}
-	}
-}
-
-// flush commits what is pending, renews the lease, and ends the job when
-// o is set or it was abandoned. done: the job ended (or is not this
-// node's any more) and the flusher stops.
-func (r *run) flush(o *outcome) (done bool, err error) {
-	m := r.m
-	r.mu.Lock()
-	n := len(r.pending)
-	items := append([]item(nil), r.pending...)
-	progress := r.progress
-	r.mu.Unlock()
-	// The text items as committed: the last one cut after its last
-	// complete UTF-8 character (an incomplete tail waits for the rest),
-	// unless the job ends.
-	texts := make([]string, n)
-	var cut int // the bytes of the last item committed, when it is text
-	for i, it := range items {
-		if it.event != nil {
-			continue
-		}
-		b := it.text
-		if i == n-1 && o == nil {
-			b, _ = splitComplete(b)
-		}
-		cut = len(b)
-		texts[i] = validText(b)
-	}
-	var abandoned, lost bool
-	ended := o
-	err = m.update(m.cfg.Ctx, r.topic, func(a *durable.AppTx) error {
-		abandoned, lost, ended = false, false, o
-		s, err := a.Get(m.cfg.Ctx, r.topic)
-		if err != nil {
-			return err
-		}
-		if s == nil {
-			lost = true
-			return nil
-		}
-		cur, err := decodeRecord(s.App)
-		if err != nil {
-			return err
-		}
-		if cur.Status != Streaming || cur.Owner != m.node {
-			lost = true
-			return nil
-		}
-		now := a.Now()
-		var ps []json.RawMessage
-		for i, it := range items {
-			if it.event != nil {
-				n := cur.Events
-				ps = append(ps, message{K: kindEvent, N: &n, E: it.event}.encode())
-				cur.Events++
-				continue
-			}
-			if texts[i] == "" {
-				continue
-			}
-			off := cur.Text
-			ps = append(ps, message{K: kindText, O: &off, T: texts[i]}.encode())
-			cur.Text += len16(texts[i])
-		}
-		if len(ps) > 0 {
-			if _, err := a.Append(m.cfg.Ctx, r.topic, ps); err != nil {
-				return err
-			}
-		}
-		if progress != nil {
-			cur.Progress = progress
-		}
-		cur.Updated = now
-		cur.Lease = now + m.cfg.Lease.Milliseconds()
-		cur.LastRead = max(cur.LastRead, r.lastRead.Load())
-		if ended == nil && now-cur.LastRead > m.cfg.AbandonAfter.Milliseconds() {
-			abandoned = true
-			ended = &outcome{status: Error, err: errorf(CodeAbandoned, "nobody read the job for %v", m.cfg.AbandonAfter)}
-		}
-		if ended != nil {
-			return m.finish(m.cfg.Ctx, a, r.topic, cur, *ended)
-		}
-		return a.Set(m.cfg.Ctx, r.topic, cur.encode(), m.expiry(cur), false)
-	})
-	if err != nil {
-		return false, err
-	}
-	if lost {
-		r.stop(errLost)
-		r.cancel()
-		return true, nil
-	}
-	// Committed: drop what was taken; what the upstream wrote since (and
-	// a held incomplete character) stays pending.
-	r.mu.Lock()
-	if n > 0 && items[n-1].event == nil {
-		if tail := r.pending[n-1].text[cut:]; len(tail) > 0 {
-			n--
-			r.pending[n].text = append([]byte(nil), tail...)
-		}
-	}
-	r.pending = append([]item(nil), r.pending[n:]...)
-	r.size = 0
-	for _, it := range r.pending {
-		r.size += len(it.text) + len(it.event)
-	}
-	if progress != nil && string(r.progress) == string(progress) {
-		r.progress = nil
-	}
-	r.mu.Unlock()
-	if abandoned {
-		r.stop(ErrEnded)
-		r.cancel()
-	}
-	return ended != nil, nil
 }

@@ -1,0 +1,31 @@
+package replayd_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/replayd/replayd"
+	"github.com/replayd/replayd/hubtest"
+	"github.com/replayd/replayd/internal/sqlitetest"
+)
+
+// TestJobsCost runs hubtest.JobsCost on SQLite (issue 29, item 3): 200
+// jobs × 50 tokens/s for 20 s; the figures are in BENCHMARKS.md. Opt-in:
+//
+//	REPLAYD_JOBS_COST=1 go test -run '^TestJobsCost$' -v -timeout 10m .
+func TestJobsCost(t *testing.T) {
+	if os.Getenv("REPLAYD_JOBS_COST") == "" {
+		t.Skip("set REPLAYD_JOBS_COST=1 to measure job streams' cost")
+	}
+	s := sqlitetest.OpenCounting(t, filepath.Join(t.TempDir(), "log.db"))
+	hubtest.JobsCost(t, func(opts replayd.Options) *replayd.EventHub {
+		h, err := replayd.NewWithStore(s, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		return h
+	}, s.Commits.Load, 200, 20*time.Second)
+}
