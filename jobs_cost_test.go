@@ -8,7 +8,7 @@ import (
 
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/hubtest"
-	"github.com/replayd/replayd/internal/sqlitetest"
+	"github.com/replayd/replayd/internal/countstore"
 )
 
 // TestJobsCost runs hubtest.JobsCost on SQLite (issue 29, item 3): 200
@@ -19,7 +19,7 @@ func TestJobsCost(t *testing.T) {
 	if os.Getenv("REPLAYD_JOBS_COST") == "" {
 		t.Skip("set REPLAYD_JOBS_COST=1 to measure job streams' cost")
 	}
-	s := sqlitetest.OpenCounting(t, filepath.Join(t.TempDir(), "log.db"))
+	s := countstore.OpenCounting(t, filepath.Join(t.TempDir(), "log.db"))
 	hubtest.JobsCost(t, func(opts replayd.Options) *replayd.EventHub {
 		h, err := replayd.NewWithStore(s, opts)
 		if err != nil {

@@ -10,7 +10,7 @@ import (
 	"time"
 	"unicode/utf16"
 
-	"github.com/replayd/replayd/internal/sqlitetest"
+	"github.com/replayd/replayd/internal/countstore"
 )
 
 // longJob starts job id writing n tokens (of 1 to 4 UTF-8 bytes a
@@ -133,7 +133,7 @@ func TestJobsReadFromAnyOffset(t *testing.T) {
 //	go test -run '^$' -bench BenchmarkJobsPoll -benchtime 200x .
 func BenchmarkJobsPoll(b *testing.B) {
 	_, path := openTestDB(b)
-	cs := sqlitetest.OpenCounting(b, path)
+	cs := countstore.OpenCounting(b, path)
 	h, err := NewWithStore(cs, Options{})
 	if err != nil {
 		b.Fatal(err)

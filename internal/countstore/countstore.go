@@ -1,4 +1,8 @@
-package sqlitetest
+// Package countstore wraps the SQLite store to count what the job-stream
+// tests and measurements need: commits and bytes read. It is a package of
+// its own, not part of sqlitetest, because sqlitestore's own tests import
+// sqlitetest.
+package countstore
 
 import (
 	"context"
