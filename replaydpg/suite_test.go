@@ -62,3 +62,9 @@ func pgLog(t *testing.T) func(opts replayd.Options) *replayd.EventHub {
 		return h
 	}
 }
+
+// The job-stream subtests on PostgreSQL (hubtest.RunJobs): each hub on
+// its own store and pool, as another node.
+func TestJobsSuite(t *testing.T) {
+	hubtest.RunJobs(t, pgLog)
+}
