@@ -3,13 +3,10 @@ package replayd
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -200,56 +197,6 @@ func TestJobsRelayReloadChaos(t *testing.T) {
 	}
 }
 
-// Two hubs on one SQLite file race starts of one id: the upstream runs
-// once.
-func TestJobsIdempotentStartTwoHubs(t *testing.T) {
-	_, path := openTestDB(t)
-	var runs atomic.Int64
-	release := make(chan struct{})
-	up := func(ctx context.Context, w *JobWriter) (any, error) {
-		runs.Add(1)
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		w.WriteString("done")
-		return nil, nil
-	}
-	a := newJobsEnvAt(t, path, JobsOptions{}, nil)
-	b := newJobsEnvAt(t, path, JobsOptions{}, nil)
-	for round := range 10 {
-		id := fmt.Sprintf("race-%d", round)
-		var wg sync.WaitGroup
-		var started atomic.Int64
-		for i := range 8 {
-			j := a.j
-			if i%2 == 1 {
-				j = b.j
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, ok, err := j.Start(t.Context(), id, up)
-				if err != nil {
-					t.Error(err)
-				}
-				if ok {
-					started.Add(1)
-				}
-			}()
-		}
-		wg.Wait()
-		if started.Load() != 1 {
-			t.Fatalf("%s: %d starts ran", id, started.Load())
-		}
-	}
-	close(release)
-	if runs.Load() != 10 {
-		t.Fatalf("the upstream ran %d times for 10 ids", runs.Load())
-	}
-	waitJob(t, a.j, "race-9", JobComplete)
-}
-
 func waitJob(t *testing.T, j *Jobs, id string, want JobStatus) JobInfo {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -266,145 +213,4 @@ func waitJob(t *testing.T, j *Jobs, id string, want JobStatus) JobInfo {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// Nobody reads: the job ends error abandoned and its context is
-// cancelled; a reader keeps another alive.
-func TestJobsAbandoned(t *testing.T) {
-	e := newJobsEnv(t, JobsOptions{AbandonAfter: 300 * time.Millisecond, Lease: 150 * time.Millisecond}, nil)
-	cancelled := make(chan struct{})
-	up := func(ctx context.Context, w *JobWriter) (any, error) {
-		<-ctx.Done()
-		close(cancelled)
-		return nil, ctx.Err()
-	}
-	if _, _, err := e.j.Start(t.Context(), "lonely", up); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-cancelled:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the abandoned job's context was not cancelled")
-	}
-	in := waitJob(t, e.j, "lonely", JobError)
-	if in.Err == nil || in.Err.Code != JobAbandoned {
-		t.Fatalf("abandoned job: %+v", in)
-	}
-	// Read every 50 ms for a second: not abandoned.
-	stop := make(chan struct{})
-	kept := func(ctx context.Context, w *JobWriter) (any, error) {
-		select {
-		case <-stop:
-			return "ok", nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	if _, _, err := e.j.Start(t.Context(), "read", kept); err != nil {
-		t.Fatal(err)
-	}
-	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		if _, err := e.j.Read(t.Context(), "read", 0, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	close(stop)
-	waitJob(t, e.j, "read", JobComplete)
-}
-
-// A hub closed mid-run (as a node that died: nothing more is written)
-// leaves the job streaming until its lease lapses; then another hub's
-// read ends it error interrupted, with the text committed before.
-func TestJobsLeaseTakeover(t *testing.T) {
-	_, path := openTestDB(t)
-	opts := JobsOptions{Lease: 300 * time.Millisecond}
-	a := newJobsEnvAt(t, path, opts, nil)
-	b := newJobsEnvAt(t, path, opts, nil)
-	wrote := make(chan struct{})
-	up := func(ctx context.Context, w *JobWriter) (any, error) {
-		w.WriteString("partial answer")
-		close(wrote)
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	if _, _, err := a.j.Start(t.Context(), "dies", up); err != nil {
-		t.Fatal(err)
-	}
-	<-wrote
-	// The text is committed within a linger.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		p, err := b.j.Read(t.Context(), "dies", 0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.Append == "partial answer" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("text not committed: %+v", p)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	a.h.Close()
-	if in, _ := b.j.Get(t.Context(), "dies"); in.Status != JobStreaming {
-		t.Fatalf("right after the node stopped: %s", in.Status)
-	}
-	in := waitJob(t, b.j, "dies", JobError)
-	if in.Err == nil || in.Err.Code != JobInterrupted {
-		t.Fatalf("after the lease: %+v", in)
-	}
-	p, err := b.j.Read(t.Context(), "dies", 0, 0)
-	if err != nil || p.Append != "partial answer" {
-		t.Fatalf("read after takeover: %+v %v", p, err)
-	}
-	// A start of the id returns the ended job and runs nothing.
-	if _, ok, err := b.j.Start(t.Context(), "dies", func(context.Context, *JobWriter) (any, error) {
-		t.Error("ran again")
-		return nil, nil
-	}); ok || err != nil {
-		t.Fatalf("start after takeover: %v %v", ok, err)
-	}
-}
-
-// A finished job is kept for Retention, then not found; a failed and a
-// panicking upstream end error.
-func TestJobsRetentionAndErrors(t *testing.T) {
-	e := newJobsEnv(t, JobsOptions{Retention: 400 * time.Millisecond}, nil)
-	if _, _, err := e.j.Start(t.Context(), "fails", func(context.Context, *JobWriter) (any, error) {
-		return nil, errors.New("upstream broke")
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := e.j.Start(t.Context(), "panics", func(context.Context, *JobWriter) (any, error) {
-		panic("boom")
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if in := waitJob(t, e.j, "fails", JobError); in.Err.Code != JobFailed || in.Err.Message != "upstream broke" {
-		t.Fatalf("failed: %+v", in.Err)
-	}
-	if in := waitJob(t, e.j, "panics", JobError); in.Err.Code != JobPanicked {
-		t.Fatalf("panicked: %+v", in.Err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := e.j.Get(t.Context(), "fails")
-		if errors.Is(err, ErrJobNotFound) {
-			break
-		}
-		if err != nil || time.Now().After(deadline) {
-			t.Fatalf("after retention: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	nf, _ := e.client(t).poll(t.Context(), "fails", 0, 0)
-	if nf.Status != "not_found" {
-		t.Fatalf("relay after retention: %+v", nf)
-	}
-	// The id can be started again.
-	if _, ok, err := e.j.Start(t.Context(), "fails", func(context.Context, *JobWriter) (any, error) { return nil, nil }); !ok || err != nil {
-		t.Fatalf("restart after deletion: %v %v", ok, err)
-	}
-	waitJob(t, e.j, "fails", JobComplete)
 }

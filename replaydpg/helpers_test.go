@@ -64,7 +64,7 @@ func testPrefixDSN(t testing.TB, dsn string) string {
 			return
 		}
 		defer conn.Close(ctx)
-		for _, table := range []string{"events", "head", "watermarks", "skips", "outbox", "raw"} {
+		for _, table := range []string{"events", "head", "watermarks", "skips", "outbox", "raw", "streams", "stream_producers"} {
 			if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+prefix+table); err != nil {
 				t.Errorf("cleanup: %v", err)
 			}

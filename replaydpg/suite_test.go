@@ -43,22 +43,32 @@ func TestPruneTopicCost(t *testing.T) {
 // pool, on the tables of a fresh prefix: hubtest's newLog.
 func pgLog(t *testing.T) func(opts replayd.Options) *replayd.EventHub {
 	dsn, prefix := testDSN(t), testPrefix(t)
-	return func(opts replayd.Options) *replayd.EventHub {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		s, err := Open(ctx, dsn, WithTablePrefix(prefix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := replayd.NewWithStore(s, opts)
-		if err != nil {
-			s.Close()
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			h.Close()
-			s.Close()
-		})
-		return h
+	return func(opts replayd.Options) *replayd.EventHub { return openHubOn(t, dsn, prefix, opts) }
+}
+
+// openHubOn opens a store of its own on the tables of prefix, and a hub
+// on it; both are closed at the end of the test.
+func openHubOn(t *testing.T, dsn, prefix string, opts replayd.Options) *replayd.EventHub {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Open(ctx, dsn, WithTablePrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
 	}
+	h, err := replayd.NewWithStore(s, opts)
+	if err != nil {
+		s.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		s.Close()
+	})
+	return h
+}
+
+// The job-stream subtests on PostgreSQL (hubtest.RunJobs): each hub on
+// its own store and pool, as another node.
+func TestJobsSuite(t *testing.T) {
+	hubtest.RunJobs(t, pgLog)
 }
