@@ -10,6 +10,18 @@
 // params (an object, or a function returning one or a promise of one) adds
 // query parameters to every connection and poll, asked for again before
 // each: params: async () => ({access_token: await freshToken()}).
+//
+//   import { followJob } from "/replayd.js";
+//   const job = followJob({sse: "/events", poll: "/poll", job: "run-42", storageKey: "run-42",
+//                          onText({chunk, text}) {}, onEvent(e, n) {}, onEnd(end) {}, onGap(gap) {}});
+//
+// followJob follows one job stream (docs/jobs.md) on topic prefix + job:
+// onText gets each new piece of text with the whole text so far (a chunk
+// replayed from an offset already held is cut, never repeated), onEvent
+// each structured event once in emit order, onEnd the end ({status,
+// meta} or {status, error}), onGap what is missing. With storageKey the
+// text, events and cursor so far live in sessionStorage: after a reload
+// the page first gets them at once (restored: true), then the rest.
 
 export function subscribe({sse, poll, transport, topics = [], cursor = null, storageKey,
     types = ["message"], gapType = "gap", params = {}, onEvent = () => {}, onGap = () => {}}) {
@@ -161,6 +173,112 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
       if (ctl) ctl.abort();
       clearTimeout(timer);
       clearTimeout(helloTimer);
+    },
+  };
+}
+
+// followJob follows one job (docs/jobs.md): the messages of topic
+// prefix + job, {"k":"text","o":O,"t":T}, {"k":"event","n":N,"e":E} and
+// {"k":"end",...}, read through subscribe over sse and/or poll.
+export function followJob({sse, poll, transport, job, prefix = "jobs/", topic, storageKey, params,
+    onText = () => {}, onEvent = () => {}, onEnd = () => {}, onGap = () => {}}) {
+  topic = topic || prefix + job;
+  // st is what the page was told: the cursor (last event id applied), the
+  // text and its end offset (UTF-16 units, as the job counts), the events,
+  // the gaps, and the end. It is stored whole after each message, so the
+  // cursor and the text it covers always agree.
+  let st = {cursor: 0, text: "", next: 0, events: [], gaps: [], end: null};
+  const load = () => {
+    try {
+      const v = JSON.parse(sessionStorage.getItem(storageKey));
+      if (v && typeof v.text === "string" && Number.isFinite(v.cursor)) return v;
+    } catch (_) {}
+    return null;
+  };
+  const keep = () => {
+    if (!storageKey) return;
+    try { sessionStorage.setItem(storageKey, JSON.stringify(st)); } catch (_) {}
+  };
+  let sub = null, closed = false;
+  const stop = () => {
+    if (sub) sub.close();
+    sub = null;
+  };
+  const gap = (g) => {
+    st.gaps.push(g);
+    onGap(g);
+  };
+  const apply = (id, m) => {
+    if (!m || typeof m !== "object") return;
+    if (m.k === "text" && typeof m.t === "string") {
+      const o = Number(m.o);
+      if (o + m.t.length <= st.next) return; // held already
+      if (o > st.next) gap({reason: "text_missing", from: st.next, to: o});
+      const chunk = o < st.next ? m.t.slice(st.next - o) : m.t;
+      st.text += chunk;
+      st.next = Math.max(o, st.next) + chunk.length;
+      st.cursor = id;
+      keep();
+      onText({chunk, text: st.text, offset: st.next - chunk.length, restored: false});
+    } else if (m.k === "event") {
+      const n = Number(m.n);
+      if (n < st.events.length) return;
+      if (n > st.events.length) gap({reason: "events_missing", from: st.events.length, to: n});
+      while (st.events.length < n) st.events.push(null);
+      st.events.push(m.e);
+      st.cursor = id;
+      keep();
+      onEvent(m.e, {n, restored: false});
+    } else if (m.k === "end") {
+      st.end = m.error ? {status: m.status, error: m.error} : {status: m.status, meta: m.meta ?? null};
+      st.cursor = id;
+      keep();
+      stop();
+      onEnd(st.end);
+    }
+  };
+  // open subscribes from the cursor. Callbacks of a subscription that was
+  // replaced are dropped, so a switch of transport repeats nothing.
+  const open = (mode) => {
+    stop();
+    if (closed || st.end) return;
+    const mine = subscribe({sse, poll, transport: mode, topics: [topic], cursor: st.cursor, params,
+      onEvent(ev) {
+        if (sub === mine && ev.id > st.cursor) apply(ev.id, ev.data);
+      },
+      onGap(g) {
+        if (sub !== mine) return;
+        // More was missed than the SSE endpoint replays: the events are
+        // there, so read them over polls instead of naming a gap.
+        if (g.reason === "replay_limit" && poll && mode !== "poll") return open("poll");
+        gap(g);
+        if (mine.cursor > st.cursor) {
+          st.cursor = mine.cursor;
+          keep();
+        }
+      },
+    });
+    sub = mine;
+  };
+
+  const saved = storageKey && load();
+  if (saved) {
+    st = {...st, ...saved};
+    if (st.text) onText({chunk: st.text, text: st.text, offset: 0, restored: true});
+    st.events.forEach((e, n) => { if (e !== null) onEvent(e, {n, restored: true}); });
+    for (const g of st.gaps) onGap({...g, restored: true});
+    if (st.end) onEnd({...st.end, restored: true});
+  }
+  open(transport);
+
+  return {
+    get text() { return st.text; },
+    get events() { return st.events.slice(); },
+    get end() { return st.end; },
+    get cursor() { return st.cursor; },
+    close() {
+      closed = true;
+      stop();
     },
   };
 }

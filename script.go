@@ -10,7 +10,8 @@ import (
 )
 
 // clientJS is the browser module: subscribe() over SSE, long polls, or SSE
-// falling back to long polls (docs/browser.md).
+// falling back to long polls (docs/browser.md), and followJob() over it
+// (docs/jobs.md).
 //
 //go:embed client.js
 var clientJS []byte
@@ -27,7 +28,7 @@ func clientContentTag(content []byte) string {
 
 // ClientScript returns a handler serving the browser module, an ES module
 // exporting subscribe (docs/browser.md in the repository describes its
-// options). Mount it where
+// options) and followJob, which follows a job stream (docs/jobs.md). Mount it where
 // pages import it from, for example
 //
 //	mux.Handle("/replayd.js", replayd.ClientScript())

@@ -33,6 +33,9 @@ func TestClientScriptHeaders(t *testing.T) {
 	if !bytes.Contains(body, []byte("export function subscribe(")) {
 		t.Fatal("the module does not export subscribe")
 	}
+	if !bytes.Contains(body, []byte("export function followJob(")) {
+		t.Fatal("the module does not export followJob")
+	}
 	for k, want := range map[string]string{
 		"Content-Type":           "text/javascript; charset=utf-8",
 		"Cache-Control":          "no-cache",
