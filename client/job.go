@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // JobOptions configure a Job follower. Job (or Topic) is required, and a
@@ -151,6 +152,8 @@ type Job struct {
 	opts  JobOptions
 	topic string
 
+	running atomic.Bool // a Run is under way
+
 	mu   sync.Mutex // guards st and text
 	st   JobState   // st.Text is stale; text holds the text
 	text strings.Builder
@@ -216,8 +219,12 @@ var (
 // retention) has no messages: Run waits for them until ctx ends. A state
 // that holds the end returns it at once, without connecting.
 //
-// Run is not safe for concurrent use: one Run at a time.
+// A Job runs one Run at a time; a later Run goes on from the state.
 func (j *Job) Run(ctx context.Context, handle func(JobUpdate) error) (*JobEnd, error) {
+	if !j.running.CompareAndSwap(false, true) {
+		return nil, errors.New("replayd client: Job.Run called while another Run is running")
+	}
+	defer j.running.Store(false)
 	if handle == nil {
 		handle = func(JobUpdate) error { return nil }
 	}
@@ -238,7 +245,7 @@ func (j *Job) Run(ctx context.Context, handle func(JobUpdate) error) (*JobEnd, e
 			transport = Poll
 		default:
 			j.mu.Lock()
-			j.st.Cursor = max(j.st.Cursor, c.Cursor())
+			j.st.Cursor = c.Cursor() // past a gap last accepted
 			j.mu.Unlock()
 			return nil, err
 		}
@@ -277,8 +284,10 @@ type jobMessage struct {
 // what it changed to handle.
 func (j *Job) message(c *Client, m Message, polls bool, handle func(JobUpdate) error) error {
 	j.mu.Lock()
-	// What the Client accepted before m (a gap moves its cursor).
-	j.st.Cursor = max(j.st.Cursor, c.Cursor())
+	// Where the Client is before m: the last message applied, or past a
+	// gap it accepted (or at the head of another log, after an
+	// unknown_cursor gap).
+	j.st.Cursor = c.Cursor()
 	j.mu.Unlock()
 	if m.Gap != nil {
 		if m.Gap.Reason == "replay_limit" && polls {

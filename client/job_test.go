@@ -277,12 +277,27 @@ func TestJobFollowsToTheEnd(t *testing.T) {
 				t.Fatalf("topic %q", job.Topic())
 			}
 			r := newJobRecorder(client.JobState{})
-			wait := follow(t, t.Context(), job, r.handle)
+			var inHandler error // the state seen from the handler, if it lacks the update
+			wait := follow(t, t.Context(), job, func(up client.JobUpdate) error {
+				st := job.State()
+				switch {
+				case up.Text != nil && (st.Next != up.Text.Offset+len16(up.Text.Chunk) || !strings.HasSuffix(st.Text, up.Text.Chunk)),
+					up.Event != nil && int64(len(st.Events)) != up.Event.N+1,
+					up.End != nil && st.End == nil:
+					if inHandler == nil {
+						inHandler = fmt.Errorf("update %+v: the state in the handler lacks it: %+v", up, st)
+					}
+				}
+				return r.handle(up)
+			})
 			r.waitText(t, 20) // live: the upstream is held
 			close(u.release)
 			end, err := wait()
 			checkComplete(t, u, job, end, err)
 			r.check(t)
+			if inHandler != nil {
+				t.Fatal(inHandler)
+			}
 			if r.text.String() != u.text() || r.events != int64(u.events()) {
 				t.Fatalf("handed %q and %d events", r.text.String(), r.events)
 			}
