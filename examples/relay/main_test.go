@@ -196,7 +196,7 @@ func TestRelayPageSurvivesReloads(t *testing.T) {
 	relayDo(t, tab, headless.Reload)
 	st := relayWait(t, tab, "the answer", func(s relayState) bool { return s.End != nil })
 	if st.Text != want || st.End.Status != "complete" || st.Restored != 1 || len(st.Gaps) != 0 ||
-		strings.Join(st.eventTypes(), " ") != "tool.start tool.end usage" {
+		strings.Join(st.eventTypes(), " ") != "tool.start tool.end usage" || st.Progress == nil || st.Progress.Phase != "generation" {
 		t.Fatalf("after two reloads the page shows %d bytes (end %+v, restored %d, gaps %v, events %v); want %d bytes, equal text\n got %q\nwant %q",
 			len(st.Text), st.End, st.Restored, st.Gaps, st.eventTypes(), len(want), st.Text, want)
 	}
@@ -216,6 +216,9 @@ type relayState struct {
 	End    *struct {
 		Status string `json:"status"`
 	} `json:"end"`
+	Progress *struct {
+		Phase string `json:"phase"`
+	} `json:"progress"`
 	Gaps     []json.RawMessage `json:"gaps"`
 	Restored int               `json:"restored"` // lives of the page that got the text so far restored
 }
