@@ -252,10 +252,15 @@ func (j *Job) Run(ctx context.Context, handle func(JobUpdate) error) (*JobEnd, e
 	}
 }
 
+// end is a copy of the state's end, nil while the job runs.
 func (j *Job) end() *JobEnd {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.st.End
+	if j.st.End == nil {
+		return nil
+	}
+	e := *j.st.End
+	return &e
 }
 
 func (j *Job) cursor() int64 {
