@@ -18,7 +18,8 @@
 // followJob follows one job stream (docs/jobs.md) on topic prefix + job:
 // onText gets each new piece of text with the whole text so far (a chunk
 // replayed from an offset already held is cut, never repeated), onEvent
-// each structured event once in emit order, onEnd the end ({status,
+// each structured event once in emit order, onProgress the latest
+// progress snapshot, onEnd the end ({status,
 // meta} or {status, error}), onGap what is missing. With storageKey the
 // text, events and cursor so far live in sessionStorage: after a reload
 // the page first gets them at once (restored: true), then the rest.
@@ -179,15 +180,16 @@ export function subscribe({sse, poll, transport, topics = [], cursor = null, sto
 
 // followJob follows one job (docs/jobs.md): the messages of topic
 // prefix + job, {"k":"text","o":O,"t":T}, {"k":"event","n":N,"e":E} and
-// {"k":"end",...}, read through subscribe over sse and/or poll.
+// {"k":"progress","p":P} and {"k":"end",...}, read through subscribe over
+// sse and/or poll.
 export function followJob({sse, poll, transport, job, prefix = "jobs/", topic, storageKey, params,
-    onText = () => {}, onEvent = () => {}, onEnd = () => {}, onGap = () => {}}) {
+    onText = () => {}, onEvent = () => {}, onProgress = () => {}, onEnd = () => {}, onGap = () => {}}) {
   topic = topic || prefix + job;
   // st is what the page was told: the cursor (last event id applied), the
   // text and its end offset (UTF-16 units, as the job counts), the events,
   // the gaps, and the end. It is stored whole after each message, so the
   // cursor and the text it covers always agree.
-  let st = {cursor: 0, text: "", next: 0, events: [], gaps: [], end: null};
+  let st = {cursor: 0, text: "", next: 0, events: [], progress: null, gaps: [], end: null};
   const load = () => {
     try {
       const v = JSON.parse(sessionStorage.getItem(storageKey));
@@ -229,6 +231,11 @@ export function followJob({sse, poll, transport, job, prefix = "jobs/", topic, s
       st.cursor = id;
       keep();
       onEvent(m.e, {n, restored: false});
+    } else if (m.k === "progress") {
+      st.progress = m.p ?? null;
+      st.cursor = id;
+      keep();
+      onProgress(st.progress, {restored: false});
     } else if (m.k === "end") {
       st.end = m.error ? {status: m.status, error: m.error} : {status: m.status, meta: m.meta ?? null};
       st.cursor = id;
@@ -266,6 +273,7 @@ export function followJob({sse, poll, transport, job, prefix = "jobs/", topic, s
     st = {...st, ...saved};
     if (st.text) onText({chunk: st.text, text: st.text, offset: 0, restored: true});
     st.events.forEach((e, n) => { if (e !== null) onEvent(e, {n, restored: true}); });
+    if (st.progress) onProgress(st.progress, {restored: true});
     for (const g of st.gaps) onGap({...g, restored: true});
     if (st.end) onEnd({...st.end, restored: true});
   }
@@ -274,6 +282,7 @@ export function followJob({sse, poll, transport, job, prefix = "jobs/", topic, s
   return {
     get text() { return st.text; },
     get events() { return st.events.slice(); },
+    get progress() { return st.progress; },
     get end() { return st.end; },
     get cursor() { return st.cursor; },
     close() {

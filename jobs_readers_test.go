@@ -17,6 +17,7 @@ type jobMessage struct {
 	T      string          `json:"t"`
 	N      *int64          `json:"n"`
 	E      json.RawMessage `json:"e"`
+	P      json.RawMessage `json:"p"`
 	Status string          `json:"status"`
 }
 
@@ -71,10 +72,25 @@ func TestJobsReadableOverTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	var text strings.Builder
+	type progressMsg struct {
+		Phase     string `json:"phase"`
+		UpdatedAt int64  `json:"updated_at"`
+	}
+	var progress []progressMsg
 	for _, m := range msgs {
-		if m.K == "text" {
+		switch m.K {
+		case "text":
 			text.WriteString(m.T)
+		case "progress": // each snapshot committed is in the log too
+			var pr progressMsg
+			if err := json.Unmarshal(m.P, &pr); err != nil {
+				t.Fatalf("progress message %s: %v", m.P, err)
+			}
+			progress = append(progress, pr)
 		}
+	}
+	if len(progress) != 1 || progress[0].Phase != "generation" || progress[0].UpdatedAt == 0 {
+		t.Fatalf("progress messages %+v, want the one snapshot", progress)
 	}
 	if text.String() != strings.Join(toks, "") || msgs[len(msgs)-1].K != "end" || msgs[len(msgs)-1].Status != "complete" {
 		t.Fatalf("durable streams messages: %q, last %+v", text.String(), msgs[len(msgs)-1])

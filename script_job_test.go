@@ -12,7 +12,8 @@ import (
 // is cut to its new part, an event already held is dropped, a hole in the
 // text or the events is a gap (and the text goes on, not padded), the
 // state is stored, and a reload restores it at once and resumes from its
-// cursor; after the end a reload opens no connection. The browser test
+// cursor; the latest progress is kept and restored too; after the end a
+// reload opens no connection. The browser test
 // (TestBrowserFollowJob) runs the real thing in Chromium.
 func TestClientScriptFollowJobLogic(t *testing.T) {
 	node, err := exec.LookPath("node")
@@ -32,8 +33,8 @@ func TestClientScriptFollowJobLogic(t *testing.T) {
 		`["closed","hello word 😀",8,2],` +
 		`["text","hello word 😀",0,true],["event",{"a":1},0,true],["event",{"b":2},2,true],` +
 		`["gap","text_missing",9,12],["gap","events_missing",1,2],["url","8","jobs/j"],` +
-		`["text","!",16,false],["end","complete",false],["ended","hello word 😀!",2],` +
-		`["text","hello word 😀!",0,true],["event",{"a":1},0,true],["event",{"b":2},2,true],` +
+		`["progress","generation",false],["text","!",16,false],["end","complete",false],["ended","hello word 😀!",2],` +
+		`["text","hello word 😀!",0,true],["event",{"a":1},0,true],["event",{"b":2},2,true],["progress","generation",true],` +
 		`["gap","text_missing",9,12],["gap","events_missing",1,2],["end","complete",true],["sources",2]]` + "\n"
 	if string(out) != want {
 		t.Fatalf("followJob under node:\n got %s\nwant %s", out, want)

@@ -77,6 +77,40 @@
 // one frame (at most 4 MiB; a 1 MiB event is fine) or one poll answer (the
 // server bounds its size) at a time.
 //
+// # Job streams
+//
+// A Job follows one job stream (replayd.Jobs, docs/jobs.md: an
+// upstream's answer written to the log) through a Client, on either
+// transport, and decodes its messages:
+//
+//	job := client.NewJob(client.JobOptions{
+//		Options: client.Options{SSE: base + "/events", Poll: base + "/poll"},
+//		Job:     "run-42",
+//		State:   saved, // nil: from the job's start
+//	})
+//	end, err := job.Run(ctx, func(u client.JobUpdate) error {
+//		if u.Text != nil {
+//			fmt.Print(u.Text.Chunk)
+//		}
+//		return store(job.State()) // the cursor and everything it covers, together
+//	})
+//	if err == nil {
+//		err = end.Err() // nil when complete; else a *JobError: failed, abandoned, interrupted...
+//	}
+//
+// The text is rebuilt from each chunk's offset (UTF-16 code units, as the
+// job counts): a chunk over text already held is cut to its new part or
+// dropped, and one past it leaves a hole, named by a TextMissing gap and
+// not padded. Events are handed once each, by number, in emit order (a
+// missing one named by an EventsMissing gap); progress is the latest
+// snapshot; the end is the last update, and Run returns it. JobState, the
+// cursor together with the text, events, progress and gaps it covers,
+// is the follower's whole memory: saved after an update (it encodes to
+// JSON) and given to a new follower, it goes on exactly, with nothing
+// lost and nothing twice. Over SSE, more missed than the server replays
+// (a replay_limit gap) is read over polls instead when the Poll URL is
+// given, as followJob does in the browser.
+//
 // # Endings and errors
 //
 // Run reconnects by itself after every end of a connection: a network

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -145,4 +146,52 @@ func ExampleOptions_header() {
 	}
 	// Output:
 	// refused: 404
+}
+
+// Follow a job stream (replayd.Jobs, docs/jobs.md) to its end: its text
+// as it is written, its events and progress, then how it ended. The state
+// can be saved after every update and given back to a new follower.
+func ExampleJob() {
+	hub, url, cleanup := exampleServer()
+	defer cleanup()
+	jobs, err := hub.Jobs(replayd.JobsOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	jobs.Start(ctx, "run-42", func(ctx context.Context, w *replayd.JobWriter) (any, error) {
+		w.Progress(replayd.JobProgress{Phase: "generation"})
+		w.Emit(map[string]string{"type": "tool.start", "name": "search"})
+		for _, tok := range []string{"Hello", ", ", "world", " 👋"} {
+			w.WriteString(tok)
+		}
+		return map[string]int{"tokens": 4}, nil
+	})
+
+	job := client.NewJob(client.JobOptions{
+		Options: client.Options{SSE: url + "/events", Poll: url + "/poll"},
+		Job:     "run-42",
+		State:   nil, // or a state saved from job.State(): it goes on from there
+	})
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	end, err := job.Run(ctx, func(u client.JobUpdate) error {
+		switch {
+		case u.Event != nil:
+			var e struct{ Type, Name string } // and the timestamp the server added
+			json.Unmarshal(u.Event.Data, &e)
+			fmt.Printf("event %d: %s %s\n", u.Event.N, e.Type, e.Name)
+		case u.Gap != nil:
+			fmt.Println("missing:", u.Gap.Reason)
+		}
+		_ = job.State() // what to save, with this update in it
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s: %q, meta %s\n", end.Status, job.Text(), end.Meta)
+	// Output:
+	// event 0: tool.start search
+	// complete: "Hello, world 👋", meta {"tokens":4}
 }

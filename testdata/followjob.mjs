@@ -1,6 +1,6 @@
 // The logic of the module's followJob under node (TestClientScriptFollowJobLogic):
 // a hand-driven EventSource sends overlapping, repeated and missing
-// messages, then the page "reloads" twice.
+// messages and a progress snapshot, then the page "reloads" twice.
 // Stubs for the module's browser globals: sessionStorage, location and an
 // EventSource the harness drives by hand.
 const store = new Map();
@@ -18,6 +18,7 @@ const rec = [];
 const follow = () => followJob({sse: "/events", job: "j", storageKey: "k",
   onText: (t) => rec.push(["text", t.chunk, t.offset, t.restored]),
   onEvent: (e, i) => rec.push(["event", e, i.n, i.restored]),
+  onProgress: (p, i) => rec.push(["progress", p.phase, i.restored]),
   onGap: (g) => rec.push(["gap", g.reason, g.from ?? null, g.to ?? null]),
   onEnd: (e) => rec.push(["end", e.status, !!e.restored])});
 const tick = () => new Promise((r) => setTimeout(r, 0)); // subscribe opens after a microtask
@@ -39,8 +40,9 @@ await tick();
 const es2 = sources[1];
 rec.push(["url", new URL(es2.url).searchParams.get("lastEventId"), new URL(es2.url).searchParams.get("topic")]);
 es2.emit("message", 8, {k: "event", n: 2, e: {b: 2}});   // at the cursor: dropped
-es2.emit("message", 9, {k: "text", o: 16, t: "!"});
-es2.emit("message", 10, {k: "end", status: "complete", meta: {}});
+es2.emit("message", 9, {k: "progress", p: {phase: "generation"}});
+es2.emit("message", 10, {k: "text", o: 16, t: "!"});
+es2.emit("message", 11, {k: "end", status: "complete", meta: {}});
 rec.push(["ended", b.text, es2.readyState]);
 follow(); // after the end: restored, no connection
 await tick();

@@ -1,9 +1,12 @@
-// Command relay is a resumable stream relay built on replayd: a slow
-// upstream (here a simulated language model writing a long answer) is
-// written to the log chunk by chunk, and pages follow the answer through the
-// browser module. Reload the page mid-answer and the text continues with
+// Command relay is a resumable stream relay on replayd's job streams
+// (docs/jobs.md): a slow upstream (here a simulated language model: a
+// little progress, a tool call, then a long answer a token at a time) is
+// run as a job, and pages follow its answer with the browser module's
+// followJob. Reload the page mid-answer and the text continues with
 // nothing lost and nothing twice; open the same job in a second tab and it
-// gets the same text from the start.
+// gets the same text from the start. Jobs are started over the
+// stream-relay wire protocol v2 (Jobs.RelayHandler), so a client written
+// for stream-relay can start and poll them too.
 //
 // Run it with
 //
@@ -14,29 +17,28 @@
 //
 // Endpoints:
 //
-//	GET  /            the page (index.html, embedded)
-//	GET  /replayd.js  the browser module (replayd.ClientScript)
-//	GET  /events      the SSE endpoint, ?topic=job-<id>
-//	GET  /poll        the poll endpoint, ?topic=job-<id>&cursor=n&wait=25
-//	POST /jobs        start a job: {"id": "<id>", "topic": "job-<id>"}
+//	GET  /                      the page (index.html, embedded)
+//	GET  /replayd.js            the browser module (replayd.ClientScript), with followJob
+//	POST /relay/streams         start a job: {"streamId"?: id, "payload"?: {"prompt": "..."}}
+//	                            -> {"protocolVersion": 2, "streamId": id, "startedAt": ms}
+//	GET  /relay/streams/{id}    a stream-relay poll: ?since=N&eventSince=M
+//	GET  /events                the SSE endpoint, ?topic=jobs/<id>
+//	GET  /poll                  the poll endpoint, ?topic=jobs/<id>&cursor=n&wait=25
+//	GET  /v1/stream/jobs/<id>   the job as a Durable Stream (closed at its end)
 //
-// Each job publishes its chunks to its own topic, job-<id>, as events of
-// type "chunk" ({"i": n, "text": "..."}), then one event of type "done".
-//
-// The page reads the answer over long polls (transport "poll"), the way a
-// browser extension or an embedded frame that cannot hold a stream open
-// would; the SSE endpoint is served too, and shares the poll's cursor.
+// A job's topic, jobs/<id>, holds its messages (docs/jobs.md):
+// {"k":"text","o":offset,"t":"..."}, {"k":"event","n":n,"e":{...}},
+// {"k":"progress","p":{...}} and a last {"k":"end","status":...}. The
+// page follows it over SSE, falling back to long polls; the Go client's
+// client.Job follows it the same way (main_test.go).
 package main
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -44,7 +46,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -54,22 +55,17 @@ import (
 //go:embed index.html
 var indexHTML []byte
 
-// replayLimit is how many events a reconnecting stream is replayed. A job
-// writes about 300 chunks, so a page that opens or reloads at any point of
-// an answer is replayed the whole of it, never given a gap.
-const replayLimit = 1000
-
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8081", "address to listen on")
 	dbPath := flag.String("db", "", "SQLite file for the event log (default: a temporary file removed at exit)")
-	chunks := flag.Int("chunks", 300, "chunks per answer")
-	every := flag.Duration("every", 65*time.Millisecond, "time between chunks")
+	tokens := flag.Int("tokens", 400, "tokens per answer")
+	every := flag.Duration("every", 50*time.Millisecond, "time between tokens")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, logger, *addr, *dbPath, upstream{chunks: *chunks, every: *every}); err != nil {
+	if err := run(ctx, logger, *addr, *dbPath, upstream{tokens: *tokens, every: *every}); err != nil {
 		logger.Error("relay", "err", err)
 		stop()
 		os.Exit(1)
@@ -90,25 +86,21 @@ func run(ctx context.Context, logger *slog.Logger, addr, dbPath string, up upstr
 		return err
 	}
 	defer db.Close()
-	hub, err := replayd.New(db, replayd.Options{
-		Logger: logger,
-		SSE:    replayd.SSEOptions{ReplayLimit: replayLimit, Retry: time.Second},
-	})
+	hub, err := replayd.New(db, replayd.Options{Logger: logger, SSE: replayd.SSEOptions{Retry: time.Second}})
 	if err != nil {
 		return err
 	}
 	defer hub.Close() // runs before db.Close
-
-	r := &relay{hub: hub, logger: logger, up: up}
-	r.ctx, r.cancel = context.WithCancel(ctx)
-	defer r.wait()
-	defer r.cancel()
+	jobs, err := hub.Jobs(replayd.JobsOptions{})
+	if err != nil {
+		return err
+	}
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: newMux(r), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: newMux(hub, jobs, up), ReadHeaderTimeout: 5 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	logger.Info("relay: open this in a browser", "url", "http://"+ln.Addr().String()+"/", "db", dbPath)
@@ -117,8 +109,11 @@ func run(ctx context.Context, logger *slog.Logger, addr, dbPath string, up upstr
 	case <-ctx.Done():
 	case err = <-serveErr:
 	}
-	r.cancel()
-	hub.Close() // ends every stream, so Shutdown need not wait for them
+	// Close cancels the running upstreams and waits for them, and ends
+	// every stream, so Shutdown need not wait for them. A job cut short
+	// ends error interrupted once its lease lapses: a restart on the same
+	// -db shows it so, never as streaming for ever.
+	hub.Close()
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if serr := srv.Shutdown(shutCtx); serr != nil && err == nil {
@@ -130,8 +125,9 @@ func run(ctx context.Context, logger *slog.Logger, addr, dbPath string, up upstr
 	return err
 }
 
-// newMux routes the page, the module, the stream and the jobs.
-func newMux(r *relay) *http.ServeMux {
+// newMux routes the page, the module, the relay protocol and the hub's
+// readers.
+func newMux(hub *replayd.EventHub, jobs *replayd.Jobs, up upstream) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -139,93 +135,105 @@ func newMux(r *relay) *http.ServeMux {
 		w.Write(indexHTML)
 	})
 	mux.Handle("/replayd.js", replayd.ClientScript())
-	mux.Handle("/events", r.hub.Handler())
-	mux.Handle("/poll", r.hub.PollHandler())
-	mux.HandleFunc("POST /jobs", r.start)
+	mux.Handle("/relay/", jobs.RelayHandler(replayd.JobsRelayOptions{
+		Prefix: "/relay/",
+		Upstream: func(_ *http.Request, payload json.RawMessage) replayd.JobFunc {
+			var p struct {
+				Prompt string `json:"prompt"`
+			}
+			json.Unmarshal(payload, &p) // a missing or odd payload: no prompt
+			return up.job(p.Prompt)
+		},
+	}))
+	mux.Handle("/events", hub.Handler())
+	mux.Handle("/poll", hub.PollHandler())
+	mux.Handle("/v1/stream/", hub.DurableStreams(replayd.DurableStreamsOptions{})) // reads only: writes are refused
 	return mux
 }
 
-// relay starts jobs and owns their goroutines.
-type relay struct {
-	hub    *replayd.EventHub
-	logger *slog.Logger
-	up     upstream
-
-	ctx    context.Context // ends the jobs
-	cancel context.CancelFunc
-	jobs   sync.WaitGroup // one per running job
-}
-
-// start answers POST /jobs: a new job id, whose answer is published to
-// topic job-<id> by a goroutine that outlives the request.
-func (r *relay) start(w http.ResponseWriter, _ *http.Request) {
-	var b [8]byte
-	rand.Read(b[:])
-	id := hex.EncodeToString(b[:])
-	r.jobs.Go(func() {
-		if err := r.up.write(r.ctx, r.hub, id); err != nil && r.ctx.Err() == nil {
-			r.logger.Warn("relay: job failed", "job", id, "err", err)
-		}
-	})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	json.NewEncoder(w).Encode(map[string]string{"id": id, "topic": "job-" + id})
-}
-
-func (r *relay) wait() { r.jobs.Wait() }
-
-// upstream simulates a slow producer: chunks pieces of text, one every
-// every, like a language model streaming its answer.
+// upstream simulates a language model: tokens pieces of text, one every
+// every, after a little retrieval.
 type upstream struct {
-	chunks int
+	tokens int
 	every  time.Duration
 }
 
-// write publishes the job's answer to its topic, then a "done" event. Each
-// chunk has an event id derived from the job, so a retried publish stores
-// it once.
-func (u upstream) write(ctx context.Context, hub *replayd.EventHub, id string) error {
-	topic := "job-" + id
-	t := time.NewTicker(u.every)
-	defer t.Stop()
-	var total int
-	for i := range u.chunks {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
+// job is the upstream's answer to prompt, as a job: progress, a tool
+// call's events, the answer a token at a time (see answer), a usage
+// event, and metadata. It stops when its context ends (the job abandoned,
+// or the hub closing).
+func (u upstream) job(prompt string) replayd.JobFunc {
+	return func(ctx context.Context, w *replayd.JobWriter) (any, error) {
+		pause := func(d time.Duration) error {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-t.C:
+				return nil
+			}
 		}
-		text := chunkText(id, i)
-		total += len(text)
-		_, err := hub.Publish(ctx, topic, map[string]any{"i": i, "text": text},
-			replayd.WithType("chunk"), replayd.WithEventID(fmt.Sprintf("%s/%d", id, i)))
-		if err != nil {
-			return err
+		w.Progress(replayd.JobProgress{Phase: "retrieval", Message: "Searching the log…"})
+		if err := w.Emit(map[string]any{"type": "tool.start", "name": "search", "query": prompt}); err != nil {
+			return nil, err
 		}
+		if err := pause(10 * u.every); err != nil {
+			return nil, err
+		}
+		if err := w.Emit(map[string]any{"type": "tool.end", "name": "search", "results": 3}); err != nil {
+			return nil, err
+		}
+		w.Progress(replayd.JobProgress{Phase: "generation", Message: "Writing the answer…"})
+		toks := answer(w.ID(), u.tokens)
+		for i, tok := range toks {
+			if err := pause(u.every); err != nil {
+				return nil, err
+			}
+			if _, err := w.WriteString(tok); err != nil {
+				return nil, err // the job ended: abandoned, or taken over
+			}
+			if i%100 == 99 {
+				w.Progress(replayd.JobProgress{Phase: "generation", Message: "Writing the answer…",
+					Data: map[string]int{"tokens": i + 1, "of": len(toks)}})
+			}
+		}
+		if err := w.Emit(map[string]any{"type": "usage", "outputTokens": len(toks)}); err != nil {
+			return nil, err
+		}
+		return map[string]any{"outputTokens": len(toks), "bytes": len(strings.Join(toks, ""))}, nil
 	}
-	_, err := hub.Publish(ctx, topic, map[string]any{"chunks": u.chunks, "bytes": total},
-		replayd.WithType("done"), replayd.WithEventID(id+"/done"))
-	return err
 }
 
 var words = strings.Fields(`the log is the only shared state so a reload a redeploy or a
-	second process loses nothing a page could resume from every chunk is a row and its
-	sequence is the cursor naïve relays keep the answer in memory and lose it — replayd
-	writes it down first then serves it to whoever asks ✓`)
+	second process loses nothing a page could resume from every token is written down
+	before it is shown naïve relays keep the answer in memory and lose it — replayd
+	writes it first then serves it to whoever asks ✓ 🚀`)
 
-// chunkText is chunk i of job id's answer: a few words, now and then the
-// end of a sentence or of a paragraph. It depends only on its arguments.
-func chunkText(id string, i int) string {
-	n := int(id[i%len(id)]) + 7*i
-	var text string
-	for k := range 1 + n%3 {
-		text += words[(n+5*k)%len(words)] + " "
+// answer is job id's answer in n writes: words (accents, a character of
+// two UTF-16 units), now and then the end of a sentence or a paragraph,
+// and every 23rd write the first bytes of a character whose last byte is
+// the next write, as a tokenizer may cut one. It depends only on its
+// arguments.
+func answer(id string, n int) []string {
+	out := make([]string, 0, n)
+	for i := 0; len(out) < n; i++ {
+		if i%23 == 22 && len(out) < n-1 {
+			out = append(out, " \xf0\x9f\x8e", "\x89") // 🎉 cut mid-character
+			continue
+		}
+		k := int(id[len(id)-1]) + i // the paragraph, in order, from a place of the id's
+		tok := " " + words[k%len(words)]
+		switch {
+		case i%41 == 40:
+			tok += ".\n\n"
+		case i%9 == 8:
+			tok += "."
+		}
+		out = append(out, tok)
 	}
-	switch {
-	case i%41 == 40:
-		return text + "\n\n"
-	case i%9 == 8:
-		return strings.TrimSuffix(text, " ") + ". "
-	}
-	return text
+	return out
 }
+
+// answerText is the whole of answer(id, n).
+func answerText(id string, n int) string { return strings.Join(answer(id, n), "") }

@@ -248,6 +248,9 @@ func (p *part) apply(ctx context.Context, a *durable.AppTx) error {
 		ps = append(ps, message{K: kindText, O: &off, T: p.texts[i]}.encode())
 		cur.Text += len16(p.texts[i])
 	}
+	if p.progress != nil {
+		ps = append(ps, message{K: kindProgress, P: p.progress}.encode())
+	}
 	if len(ps) > 0 {
 		seq, err := a.Append(ctx, r.topic, ps)
 		if err != nil {

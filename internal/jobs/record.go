@@ -85,6 +85,10 @@ const (
 	kindText  = "text"  // {"k":"text","o":<UTF-16 offset>,"t":<text>}
 	kindEvent = "event" // {"k":"event","n":<index>,"e":<event>}
 	kindEnd   = "end"   // {"k":"end","status":...,"meta":...,"error":...}: the last message
+	// {"k":"progress","p":<progress>}: the job's progress snapshot, once
+	// per commit in which it changed (the record keeps the latest too), so
+	// that a reader of the log follows it as well
+	kindProgress = "progress"
 )
 
 // message is one message of a job's stream.
@@ -94,6 +98,7 @@ type message struct {
 	T      string          `json:"t,omitempty"`
 	N      *int64          `json:"n,omitempty"`
 	E      json.RawMessage `json:"e,omitempty"`
+	P      json.RawMessage `json:"p,omitempty"`
 	Status Status          `json:"status,omitempty"`
 	Meta   json.RawMessage `json:"meta,omitempty"`
 	Err    *ErrorInfo      `json:"error,omitempty"`
