@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replayd/replayd/internal/jobtest"
+
 	"github.com/replayd/replayd/internal/headless"
 )
 
@@ -162,7 +164,7 @@ func jobWait(t *testing.T, tab context.Context, what string, cond func(jobPageSt
 // once in order, and the end complete.
 func jobTestReloads(t *testing.T, browser context.Context, transport string) {
 	j, srv := jobServer(t, Options{SSE: SSEOptions{Retry: browserRetry, HeartbeatInterval: -1}})
-	toks := tokens(120)
+	toks := jobtest.Tokens(120)
 	g := &jobGate{phases: [][]string{toks[:30], toks[30:70], toks[70:100], toks[100:]}, next: make(chan struct{})}
 	prefix := func(i int) string {
 		var b strings.Builder
@@ -241,7 +243,7 @@ func jobTestReloads(t *testing.T, browser context.Context, transport string) {
 // replays reads the rest over polls: the whole text, no gap.
 func jobTestPastReplayLimit(t *testing.T, browser context.Context) {
 	j, srv := jobServer(t, Options{SSE: SSEOptions{Retry: browserRetry, HeartbeatInterval: -1, ReplayLimit: 3}})
-	toks := tokens(60)
+	toks := jobtest.Tokens(60)
 	g := &jobGate{phases: [][]string{toks[:20], toks[20:40], toks[40:]}, next: make(chan struct{}, 2)}
 	g.next <- struct{}{}
 	g.next <- struct{}{}

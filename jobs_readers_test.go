@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/replayd/replayd/internal/jobtest"
+
 	"github.com/replayd/replayd/internal/wiretest"
 )
 
@@ -56,7 +58,7 @@ func TestJobsCoalescesWrites(t *testing.T) {
 // A job is a Durable Stream: the protocol reads its messages, closed at
 // the end; PollHandler() and Replay read the same events of its topic.
 func TestJobsReadableOverTheLog(t *testing.T) {
-	toks := tokens(30)
+	toks := jobtest.Tokens(30)
 	e := newJobsEnv(t, JobsOptions{}, nil)
 	if _, _, err := e.j.Start(t.Context(), "shared", llm(toks, 0)); err != nil {
 		t.Fatal(err)

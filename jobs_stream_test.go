@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/replayd/replayd/internal/jobtest"
 )
 
 // Job streams (SPEC §20) over real parts: hubs on a SQLite file in
@@ -19,25 +21,6 @@ type jobsEnv struct {
 	j    *Jobs
 	path string
 	url  string
-}
-
-// tokens is an LLM-like answer: ASCII, accents, an astral character (two
-// UTF-16 units) and one split across writes mid-character.
-func tokens(n int) []string {
-	out := make([]string, 0, n)
-	for i := range n {
-		switch i % 7 {
-		case 3:
-			out = append(out, " café")
-		case 5:
-			out = append(out, " 😀")
-		case 6:
-			out = append(out, "\xe2\x82", "\xac") // € split mid-character
-		default:
-			out = append(out, fmt.Sprintf(" tok%d", i))
-		}
-	}
-	return out
 }
 
 // llm writes toks, one per write, every gap; it emits an event every 10
@@ -106,7 +89,7 @@ func follow(t *testing.T, c relayClient, id string, f *follower, gap time.Durati
 }
 
 func TestJobsRelayEndToEnd(t *testing.T) {
-	toks := tokens(60)
+	toks := jobtest.Tokens(60)
 	want := strings.Join(toks, "")
 	e := newJobsEnv(t, JobsOptions{}, func(json.RawMessage) JobFunc { return llm(toks, time.Millisecond) })
 	c := e.client(t)
@@ -145,7 +128,7 @@ func TestJobsRelayEndToEnd(t *testing.T) {
 	if err := mid.step(t.Context(), c, st.StreamID); err != nil {
 		t.Fatal(err)
 	}
-	if mid.text != want[10:] || len(mid.events) != nev-4 {
+	if mid.text != jobtest.From16(want, 10) || len(mid.events) != nev-4 {
 		t.Fatalf("from 10/4: %q, %d events", mid.text, len(mid.events))
 	}
 	over, _ := c.poll(t.Context(), st.StreamID, 1<<40, 1<<40)
@@ -162,7 +145,7 @@ func TestJobsRelayEndToEnd(t *testing.T) {
 // to the end; each reload starts a new follower from the persisted
 // offsets. The text is byte for byte the upstream's.
 func TestJobsRelayReloadChaos(t *testing.T) {
-	toks := tokens(200)
+	toks := jobtest.Tokens(200)
 	want := strings.Join(toks, "")
 	e := newJobsEnv(t, JobsOptions{}, func(json.RawMessage) JobFunc { return llm(toks, 2*time.Millisecond) })
 	c := e.client(t)

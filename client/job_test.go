@@ -9,7 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unicode/utf16"
+
+	"github.com/replayd/replayd/internal/jobtest"
 
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/client"
@@ -43,29 +44,6 @@ func (s *jobServer) start(t *testing.T, id string, fn replayd.JobFunc) {
 	}
 }
 
-// answerTokens is an LLM-like answer of n writes: ASCII, accents,
-// characters of two UTF-16 units, and characters split across writes
-// mid-character (UTF-8 bytes) and between the two halves of a surrogate
-// pair's character.
-func answerTokens(n int) []string {
-	out := make([]string, 0, n)
-	for i := range n {
-		switch i % 6 {
-		case 1:
-			out = append(out, " café")
-		case 3:
-			out = append(out, " 😀🎉")
-		case 4:
-			out = append(out, " \xf0\x9f", "\x98\x82") // 😂 split mid-character
-		case 5:
-			out = append(out, "\xe2\x82", "\xac") // € split mid-character
-		default:
-			out = append(out, fmt.Sprintf(" tok%d", i))
-		}
-	}
-	return out
-}
-
 // upstream is a job that writes toks, an event every 10 of them, and
 // progress, then returns its metadata. Before token hold (if any) it
 // waits for release: the test decides when the rest is written.
@@ -76,7 +54,7 @@ type upstream struct {
 }
 
 func newUpstream(n, hold int) *upstream {
-	return &upstream{toks: answerTokens(n), hold: hold, release: make(chan struct{})}
+	return &upstream{toks: jobtest.Tokens(n), hold: hold, release: make(chan struct{})}
 }
 
 func (u *upstream) text() string { return strings.Join(u.toks, "") }
@@ -144,7 +122,7 @@ func (r *jobRecorder) handle(u client.JobUpdate) error {
 			fail("chunk %q at %d, want at %d", u.Text.Chunk, u.Text.Offset, r.next)
 		}
 		r.text.WriteString(u.Text.Chunk)
-		r.next = u.Text.Offset + len16(u.Text.Chunk)
+		r.next = u.Text.Offset + jobtest.Len16(u.Text.Chunk)
 	case u.Event != nil:
 		if u.Event.N != r.events {
 			fail("event %d, want %d", u.Event.N, r.events)
@@ -225,8 +203,6 @@ func follow(t *testing.T, ctx context.Context, job *client.Job, handle func(clie
 	return wait
 }
 
-func len16(s string) int64 { return int64(len(utf16.Encode([]rune(s)))) }
-
 // checkComplete checks that the follower ended complete with the
 // upstream's text byte for byte, every event once in order, the last
 // progress, and the metadata.
@@ -239,9 +215,9 @@ func checkComplete(t *testing.T, u *upstream, j *client.Job, end *client.JobEnd,
 		t.Fatalf("end %+v, want complete with the metadata", end)
 	}
 	st := j.State()
-	if st.Text != u.text() || j.Text() != u.text() || st.Next != len16(u.text()) {
+	if st.Text != u.text() || j.Text() != u.text() || st.Next != jobtest.Len16(u.text()) {
 		t.Fatalf("text (%d units, next %d) differs from the upstream's (%d units):\n got %q\nwant %q",
-			len16(st.Text), st.Next, len16(u.text()), st.Text, u.text())
+			jobtest.Len16(st.Text), st.Next, jobtest.Len16(u.text()), st.Text, u.text())
 	}
 	if len(st.Events) != u.events() || len(st.Gaps) != 0 || st.End == nil {
 		t.Fatalf("state: %d events (want %d), gaps %+v, end %+v", len(st.Events), u.events(), st.Gaps, st.End)
@@ -281,7 +257,7 @@ func TestJobFollowsToTheEnd(t *testing.T) {
 			wait := follow(t, t.Context(), job, func(up client.JobUpdate) error {
 				st := job.State()
 				switch {
-				case up.Text != nil && (st.Next != up.Text.Offset+len16(up.Text.Chunk) || !strings.HasSuffix(st.Text, up.Text.Chunk)),
+				case up.Text != nil && (st.Next != up.Text.Offset+jobtest.Len16(up.Text.Chunk) || !strings.HasSuffix(st.Text, up.Text.Chunk)),
 					up.Event != nil && int64(len(st.Events)) != up.Event.N+1,
 					up.End != nil && st.End == nil:
 					if inHandler == nil {
@@ -336,7 +312,7 @@ func TestJobSurvivesDroppedConnections(t *testing.T) {
 			r.waitText(t, 100)
 			s.srv.CloseClientConnections()
 			close(u.release)
-			r.waitText(t, len16(u.text())/2)
+			r.waitText(t, jobtest.Len16(u.text())/2)
 			s.srv.CloseClientConnections()
 			end, err := wait()
 			checkComplete(t, u, job, end, err)
@@ -378,7 +354,7 @@ func TestJobResumesFromSavedState(t *testing.T) {
 			if !errors.Is(err, refused) || end != nil {
 				t.Fatalf("Run: %v, %v; want the handler's error", end, err)
 			}
-			if st := first.State(); st.Next != refusedOnce.Offset || len16(st.Text) != st.Next {
+			if st := first.State(); st.Next != refusedOnce.Offset || jobtest.Len16(st.Text) != st.Next {
 				t.Fatalf("after a refused chunk at %d the state is at %d", refusedOnce.Offset, st.Next)
 			}
 			// The refused chunk comes again; stop in the middle of the answer.
@@ -517,8 +493,8 @@ func TestJobPastTheReplayLimit(t *testing.T) {
 	if err != nil || end.Status != "complete" || len(gaps) == 0 || gaps[0].Reason != "replay_limit" || gaps[0].Log == nil {
 		t.Fatalf("SSE only: end %+v, %v, gaps %+v; want the replay_limit gap handed", end, err, gaps)
 	}
-	if st := job.State(); len(st.Gaps) == 0 || len16(st.Text) >= len16(u.text()) {
-		t.Fatalf("SSE only: %d gaps, %d of %d units", len(st.Gaps), len16(st.Text), len16(u.text()))
+	if st := job.State(); len(st.Gaps) == 0 || jobtest.Len16(st.Text) >= jobtest.Len16(u.text()) {
+		t.Fatalf("SSE only: %d gaps, %d of %d units", len(st.Gaps), jobtest.Len16(st.Text), jobtest.Len16(u.text()))
 	}
 }
 

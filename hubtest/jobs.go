@@ -12,7 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-	"unicode/utf16"
+
+	"github.com/replayd/replayd/internal/jobtest"
 
 	"github.com/replayd/replayd"
 )
@@ -75,41 +76,6 @@ func waitJob(t testing.TB, j *replayd.Jobs, id string, want replayd.JobStatus) r
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// jobTokens is an LLM-like answer of n writes: ASCII, accents, an astral
-// character (two UTF-16 units) and one split across writes mid-character.
-func jobTokens(n int) []string {
-	out := make([]string, 0, n)
-	for i := range n {
-		switch i % 7 {
-		case 3:
-			out = append(out, " café")
-		case 5:
-			out = append(out, " 😀")
-		case 6:
-			out = append(out, "\xe2\x82", "\xac") // € split mid-character
-		default:
-			out = append(out, fmt.Sprintf(" tok%d", i))
-		}
-	}
-	return out
-}
-
-// len16 is s's length in UTF-16 code units; from16 is s from UTF-16
-// offset k on, an offset inside a surrogate pair starting at the pair.
-func len16(s string) int64 { return int64(len(utf16.Encode([]rune(s)))) }
-
-func from16(s string, k int64) string {
-	var n int64
-	for i, r := range s {
-		w := int64(len(utf16.Encode([]rune{r})))
-		if n+w > k {
-			return s[i:]
-		}
-		n += w
-	}
-	return ""
 }
 
 // Two hubs on one log race starts of one id, four goroutines each: the
@@ -177,7 +143,7 @@ func testJobsIdempotentStartTwoHubs(t *testing.T, open opener) {
 // message; one that panics ends error panicked, and the node goes on.
 func testJobsLifecycle(t *testing.T, open opener) {
 	_, j := openJobs(t, open, replayd.JobsOptions{Linger: 5 * time.Millisecond})
-	toks := jobTokens(40)
+	toks := jobtest.Tokens(40)
 	want := strings.Join(toks, "")
 	in, started, err := j.Start(context.Background(), "answer", func(ctx context.Context, w *replayd.JobWriter) (any, error) {
 		if err := w.Progress(replayd.JobProgress{Phase: "generation", Message: "writing"}); err != nil {
@@ -200,7 +166,7 @@ func testJobsLifecycle(t *testing.T, open opener) {
 	}
 	done := waitJob(t, j, "answer", replayd.JobComplete)
 	if done.Completed.IsZero() || done.Err != nil || string(done.Meta) != fmt.Sprintf(`{"tokens":%d}`, len(toks)) ||
-		done.TextLen != len16(want) || done.Events != int64((len(toks)+9)/10) || !done.Created.Equal(in.Created) {
+		done.TextLen != jobtest.Len16(want) || done.Events != int64((len(toks)+9)/10) || !done.Created.Equal(in.Created) {
 		t.Fatalf("complete: %+v", done)
 	}
 	var pr struct {
@@ -214,7 +180,7 @@ func testJobsLifecycle(t *testing.T, open opener) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Append != want || p.NextOffset != len16(want) || int64(len(p.Events)) != done.Events || p.Status != replayd.JobComplete {
+	if p.Append != want || p.NextOffset != jobtest.Len16(want) || int64(len(p.Events)) != done.Events || p.Status != replayd.JobComplete {
 		t.Fatalf("read: %q (%d), %d events, %s; want %q", p.Append, p.NextOffset, len(p.Events), p.Status, want)
 	}
 	var ev map[string]any
@@ -420,7 +386,7 @@ func testJobsReadFromOffsets(t *testing.T, open opener) {
 	opts := replayd.JobsOptions{Linger: 5 * time.Millisecond}
 	_, j := openJobs(t, open, opts)
 	_, other := openJobs(t, open, opts)
-	toks := jobTokens(120)
+	toks := jobtest.Tokens(120)
 	want := strings.Join(toks, "")
 	var events []string
 	for i := range toks {
@@ -453,9 +419,9 @@ func testJobsReadFromOffsets(t *testing.T, open opener) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.NextOffset != off+len16(p.Append) || p.NextEventOffset != evOff+int64(len(p.Events)) {
+		if p.NextOffset != off+jobtest.Len16(p.Append) || p.NextEventOffset != evOff+int64(len(p.Events)) {
 			t.Fatalf("read from %d/%d: %d units of text, %d events, next %d/%d", off, evOff,
-				len16(p.Append), len(p.Events), p.NextOffset, p.NextEventOffset)
+				jobtest.Len16(p.Append), len(p.Events), p.NextOffset, p.NextEventOffset)
 		}
 		text.WriteString(p.Append)
 		for _, e := range p.Events {
@@ -473,7 +439,7 @@ func testJobsReadFromOffsets(t *testing.T, open opener) {
 	if text.String() != want || strings.Join(got, ",") != strings.Join(events, ",") {
 		t.Fatalf("followed by offsets:\n%q\n%v\nwant\n%q\n%v", text.String(), got, want, events)
 	}
-	total := len16(want)
+	total := jobtest.Len16(want)
 	for _, r := range []*replayd.Jobs{j, other} {
 		for _, since := range []int64{0, 1, 17, 18, 19, total / 2, total - 1, total, total + 5, 1 << 40, -3} {
 			for _, evSince := range []int64{0, 3, int64(len(events)), 1 << 40} {
@@ -482,10 +448,10 @@ func testJobsReadFromOffsets(t *testing.T, open opener) {
 					t.Fatal(err)
 				}
 				wantEv := events[min(max(evSince, 0), int64(len(events))):]
-				if p.Append != from16(want, max(since, 0)) || p.NextOffset != total ||
+				if p.Append != jobtest.From16(want, max(since, 0)) || p.NextOffset != total ||
 					p.NextEventOffset != int64(len(events)) || len(p.Events) != len(wantEv) {
 					t.Fatalf("read from %d/%d: %q next %d/%d, %d events; want %q", since, evSince,
-						p.Append, p.NextOffset, p.NextEventOffset, len(p.Events), from16(want, max(since, 0)))
+						p.Append, p.NextOffset, p.NextEventOffset, len(p.Events), jobtest.From16(want, max(since, 0)))
 				}
 				for k, e := range p.Events {
 					if string(e) != wantEv[k] {
@@ -497,7 +463,7 @@ func testJobsReadFromOffsets(t *testing.T, open opener) {
 	}
 	// The first astral character: an offset at its second unit reads from it.
 	i := strings.Index(want, "😀")
-	at := len16(want[:i])
+	at := jobtest.Len16(want[:i])
 	if p, _ := j.Read(context.Background(), "offsets", at+1, 0); p == nil || !strings.HasPrefix(p.Append, "😀") {
 		t.Fatalf("read from inside a surrogate pair: %+v", p)
 	}

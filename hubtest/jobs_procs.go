@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replayd/replayd/internal/jobtest"
+
 	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/internal/childproc"
 )
@@ -397,7 +399,7 @@ func checkJobKilled(t *testing.T, test string, lg JobsLog) {
 		}
 	}
 	// Mid-answer: 40 writes committed, then at the next write.
-	floor := len16(killAnswer(40))
+	floor := jobtest.Len16(killAnswer(40))
 	for durable < floor {
 		l := next(t, lines, procs, 30*time.Second)
 		if l.eof {
@@ -443,7 +445,7 @@ func checkJobKilled(t *testing.T, test string, lg JobsLog) {
 	for {
 		last = relayGet(t, srv.URL, "answer", off, evOff)
 		statuses[last.Status]++
-		if last.NextOffset != off+len16(last.Append) {
+		if last.NextOffset != off+jobtest.Len16(last.Append) {
 			t.Fatalf("relay from %d: %q, next %d", off, last.Append, last.NextOffset)
 		}
 		text.WriteString(last.Append)
@@ -464,8 +466,8 @@ func checkJobKilled(t *testing.T, test string, lg JobsLog) {
 	if !strings.HasPrefix(written, got) {
 		t.Fatalf("the text read is not a prefix of what the upstream wrote:\n%q\nwrote\n%q", got, written)
 	}
-	if len16(got) < durable {
-		t.Fatalf("the text read (%d UTF-16 units) lost committed text (%d units read back in the child)", len16(got), durable)
+	if jobtest.Len16(got) < durable {
+		t.Fatalf("the text read (%d UTF-16 units) lost committed text (%d units read back in the child)", jobtest.Len16(got), durable)
 	}
 	p, err := j.Read(context.Background(), "answer", 0, 0)
 	if err != nil || p.Append != got || p.Status != replayd.JobError || p.Err == nil || p.Err.Code != replayd.JobInterrupted {
@@ -496,8 +498,8 @@ func checkJobKilled(t *testing.T, test string, lg JobsLog) {
 		}
 		switch m.K {
 		case "text":
-			if m.O == nil || *m.O != len16(stream.String()) {
-				t.Fatalf("a text message at %v after %d units", m.O, len16(stream.String()))
+			if m.O == nil || *m.O != jobtest.Len16(stream.String()) {
+				t.Fatalf("a text message at %v after %d units", m.O, jobtest.Len16(stream.String()))
 			}
 			stream.WriteString(m.T)
 		case "end":
@@ -509,12 +511,12 @@ func checkJobKilled(t *testing.T, test string, lg JobsLog) {
 		}
 	}
 	if stream.String() != got || len(ends) != 1 || ends[0] != "error "+replayd.JobInterrupted {
-		t.Fatalf("the job's stream: %d units of text (read %d), ends %v", len16(stream.String()), len16(got), ends)
+		t.Fatalf("the job's stream: %d units of text (read %d), ends %v", jobtest.Len16(stream.String()), jobtest.Len16(got), ends)
 	}
-	lost := len16(written) - len16(got)
+	lost := jobtest.Len16(written) - jobtest.Len16(got)
 	t.Logf("killed after write %d; %d of %d UTF-16 units survived (%d read back as committed in the child); "+
 		"up to %d units (about %v of writes) lost; statuses read %v; interrupted %v after the kill (lease %v)",
-		wrote, len16(got), len16(written), durable, lost, time.Duration(lost/len16(killToken(wrote)))*killGap,
+		wrote, jobtest.Len16(got), jobtest.Len16(written), durable, lost, time.Duration(lost/jobtest.Len16(killToken(wrote)))*killGap,
 		statuses, ended.Round(time.Millisecond), lease)
 }
 
