@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,8 +46,14 @@ type JobsCostResult struct {
 // request only, e.g.
 //
 //	REPLAYD_JOBS_COST=1 go test -run '^TestJobsCost$' -v -timeout 10m .
+//
+// REPLAYD_JOBS_COST_JOBS=N runs N jobs instead of jobs (to vary the
+// setup).
 func JobsCost(t *testing.T, open func(replayd.Options) *replayd.EventHub, commits func() int64, jobs int, d time.Duration) JobsCostResult {
 	const every = 20 * time.Millisecond
+	if n, err := strconv.Atoi(os.Getenv("REPLAYD_JOBS_COST_JOBS")); err == nil && n > 0 {
+		jobs = n
+	}
 	tokens := int(d / every)
 	h := open(replayd.Options{SSE: replayd.SSEOptions{MaxConnections: 4 * jobs}})
 	j, err := h.Jobs(replayd.JobsOptions{})

@@ -385,12 +385,28 @@ func benchPaired64(b *testing.B, writers int) {
 	b.ReportMetric(n/float64(g.batches.Load()), "events/append")
 }
 
-// countingStore is a Store that counts the hub's Appends: how many, how
-// many events, and the time spent inside them (one at a time: the hub has
-// one writer).
+// countingStore is a Store that counts the hub's Appends: how many (and
+// how many failed), how many events, and the time spent inside them (one
+// at a time: the hub has one writer); and the stream transactions that
+// committed (job streams' cost: TestJobsCost).
 type countingStore struct {
 	*Store
 	appends, events, busy atomic.Int64
+	appendErrs, updates   atomic.Int64
+}
+
+// commits counts the transactions that committed: Appends and
+// UpdateStreams.
+func (c *countingStore) commits() int64 {
+	return c.appends.Load() + c.updates.Load() - c.appendErrs.Load()
+}
+
+func (c *countingStore) UpdateStreams(ctx context.Context, topics []string, fn func(storage.StreamTx) error) error {
+	err := c.Store.UpdateStreams(ctx, topics, fn)
+	if err == nil {
+		c.updates.Add(1)
+	}
+	return err
 }
 
 func (c *countingStore) Append(ctx context.Context, evs []replayd.Event) ([]AppendResult, error) {
@@ -398,6 +414,9 @@ func (c *countingStore) Append(ctx context.Context, evs []replayd.Event) ([]Appe
 	res, err := c.Store.Append(ctx, evs)
 	c.busy.Add(int64(time.Since(start)))
 	c.appends.Add(1)
+	if err != nil {
+		c.appendErrs.Add(1)
+	}
 	c.events.Add(int64(len(evs)))
 	return res, err
 }
