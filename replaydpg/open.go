@@ -132,7 +132,7 @@ type queries struct {
 	prune                                                topicPruneQueries
 	txPublish, txStored                                  string // outbox.go
 	txStatus, outboxAny, outboxTake, outboxDelete        string // relay.go
-	streamGet, streamPut, streamDelete                   string // streams.go
+	streamGet, streamsGet, streamPut, streamDelete       string // streams.go
 	producerGet, producerPut                             string
 	streamWatermark, streamLast, streamAt, streamPage    string
 }
@@ -151,7 +151,7 @@ func newQueries(p string) queries {
 		pruneEdges: render(qPruneEdges, p), pruneBatch: render(qPruneBatch, p), prune: newTopicPruneQueries(p),
 		txPublish: render(qTxPublish, p), txStored: render(qTxStored, p), outboxAny: render(qOutboxAny, p),
 		outboxTake: render(qOutboxTake, p), outboxDelete: render(qOutboxDelete, p), txStatus: qTxStatus,
-		streamGet: render(qStreamGet, p), streamPut: render(qStreamPut, p), streamDelete: render(qStreamDelete, p),
+		streamGet: render(qStreamGet, p), streamsGet: render(qStreamsGet, p), streamPut: render(qStreamPut, p), streamDelete: render(qStreamDelete, p),
 		producerGet: render(qProducerGet, p), producerPut: render(qProducerPut, p),
 		streamWatermark: render(qStreamWatermark, p), streamLast: render(qStreamLast, p),
 		streamAt: render(qStreamAt, p), streamPage: render(qStreamPage, p),

@@ -57,8 +57,9 @@ const rollbackTimeout = 5 * time.Second
 const (
 	qStreamLock = `SELECT pg_advisory_xact_lock($1::bigint)`
 
-	qStreamGet = `SELECT meta, expires_at FROM %[1]sstreams WHERE topic = $1`
-	qStreamPut = `INSERT INTO %[1]sstreams (topic, meta, expires_at) VALUES ($1, $2, $3)
+	qStreamGet  = `SELECT meta, expires_at FROM %[1]sstreams WHERE topic = $1`
+	qStreamsGet = `SELECT topic, meta, expires_at FROM %[1]sstreams WHERE topic = ANY($1::text[])`
+	qStreamPut  = `INSERT INTO %[1]sstreams (topic, meta, expires_at) VALUES ($1, $2, $3)
 		ON CONFLICT (topic) DO UPDATE SET meta = excluded.meta, expires_at = excluded.expires_at`
 	qStreamDelete = `WITH p AS (DELETE FROM %[1]sstream_producers WHERE topic = $1)
 		DELETE FROM %[1]sstreams WHERE topic = $1`
@@ -236,6 +237,30 @@ func (t *streamTx) Stream(ctx context.Context, topic string) (storage.StreamReco
 		return storage.StreamRecord{}, false, wrapStream(err)
 	}
 	return rec, true, nil
+}
+
+// Streams reads the records of topics in one statement
+// (storage.StreamsReader), sent with the pending writes.
+func (t *streamTx) Streams(ctx context.Context, topics []string) ([]storage.StreamRecord, error) {
+	var recs []storage.StreamRecord
+	err := t.send(ctx, func(b *pgx.Batch) {
+		b.Queue(t.s.q.streamsGet, topics)
+	}, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var rec storage.StreamRecord
+			if err := rows.Scan(&rec.Topic, &rec.Meta, &rec.ExpiresAt); err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+		}
+		return rows.Err()
+	})
+	return recs, wrapStream(err)
 }
 
 func (t *streamTx) PutStream(ctx context.Context, rec storage.StreamRecord) error {

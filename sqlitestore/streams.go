@@ -3,6 +3,7 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -17,6 +18,9 @@ import (
 
 const (
 	qStreamGet = `SELECT meta, expires_at FROM events_streams WHERE topic = ?`
+	// qStreamsGet is qStreamGet for the topics of a JSON array.
+	qStreamsGet = `SELECT topic, meta, expires_at FROM events_streams
+		WHERE topic IN (SELECT value FROM json_each(?))`
 	qStreamPut = `INSERT INTO events_streams (topic, meta, expires_at) VALUES (?, ?, ?)
 		ON CONFLICT (topic) DO UPDATE SET meta = excluded.meta, expires_at = excluded.expires_at`
 	qStreamDelete    = `DELETE FROM events_streams WHERE topic = ?`
@@ -46,7 +50,8 @@ const (
 // error; the others commit together, in queue order, each seeing the
 // effects of those before it, as if they had run one after another. So
 // concurrent writers of many streams pay one commit (one fsync with
-// synchronous=FULL) per batch instead of one each.
+// synchronous=FULL) per batch instead of one each. A batch of one call
+// needs no savepoint: its failure rolls the transaction back.
 func (s *Store) UpdateStreams(ctx context.Context, topics []string, fn func(storage.StreamTx) error) error {
 	op := &streamOp{ctx: ctx, fn: fn, done: make(chan struct{})}
 	s.streamQ.push(op)
@@ -139,28 +144,20 @@ func (s *Store) runStreams(batch []*streamOp) {
 	defer tx.Rollback()
 	var newest int64
 	var ran []*streamOp
+	savepoints := len(batch) > 1
 	for _, op := range batch {
 		if err := op.ctx.Err(); err != nil {
 			op.err = err
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, "SAVEPOINT stream_op"); err != nil {
+		seq, err := s.runStreamOp(ctx, tx, op, savepoints)
+		if err != nil {
 			fail(batch, err)
 			return
 		}
-		st := &streamTx{s: s, tx: tx}
-		if op.err = op.fn(st); op.err != nil {
-			if _, err := tx.ExecContext(ctx, "ROLLBACK TO stream_op"); err != nil {
-				fail(batch, err)
-				return
-			}
-		} else {
+		if op.err == nil {
 			ran = append(ran, op)
-			newest = max(newest, st.newest)
-		}
-		if _, err := tx.ExecContext(ctx, "RELEASE stream_op"); err != nil {
-			fail(batch, err)
-			return
+			newest = max(newest, seq)
 		}
 	}
 	if len(ran) == 0 {
@@ -173,33 +170,131 @@ func (s *Store) runStreams(batch []*streamOp) {
 	s.saw(newest) // issued now (see guardHead)
 }
 
+// runStreamOp runs op's fn in tx, in a savepoint of its own if savepoint
+// (else a failure of op rolls tx back), setting op.err; it returns the
+// highest sequence op appended, and the error of a savepoint's statement,
+// which leaves the batch's transaction unusable.
+func (s *Store) runStreamOp(ctx context.Context, tx *sql.Tx, op *streamOp, savepoint bool) (int64, error) {
+	if savepoint {
+		if _, err := tx.ExecContext(ctx, "SAVEPOINT stream_op"); err != nil {
+			return 0, err
+		}
+	}
+	st := &streamTx{s: s, tx: tx}
+	op.err = op.fn(st)
+	st.close()
+	if !savepoint {
+		return st.newest, nil
+	}
+	if op.err != nil {
+		if _, err := tx.ExecContext(ctx, "ROLLBACK TO stream_op"); err != nil {
+			return 0, err
+		}
+	}
+	_, err := tx.ExecContext(ctx, "RELEASE stream_op")
+	return st.newest, err
+}
+
 // streamTx is a storage.StreamTx over a transaction of BeginTx.
 type streamTx struct {
 	s      *Store
 	tx     *sql.Tx
-	newest int64 // the highest sequence appended
+	stmts  map[string]*sql.Stmt // the transaction's statements, by query (stmt)
+	newest int64                // the highest sequence appended
+}
+
+// stmt returns query as a statement of the transaction, prepared once in
+// it (see txStmt); close closes them.
+func (t *streamTx) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	if st, ok := t.stmts[query]; ok {
+		return st, nil
+	}
+	st, err := t.s.txStmt(ctx, t.tx, query)
+	if err != nil {
+		return nil, err
+	}
+	if t.stmts == nil {
+		t.stmts = map[string]*sql.Stmt{}
+	}
+	t.stmts[query] = st
+	return st, nil
+}
+
+func (t *streamTx) close() {
+	for _, st := range t.stmts {
+		st.Close()
+	}
+}
+
+func (t *streamTx) exec(ctx context.Context, query string, args ...any) error {
+	st, err := t.stmt(ctx, query)
+	if err == nil {
+		_, err = st.ExecContext(ctx, args...)
+	}
+	return err
+}
+
+func (t *streamTx) queryRow(ctx context.Context, query string, args ...any) (*sql.Row, error) {
+	st, err := t.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryRowContext(ctx, args...), nil
 }
 
 func (t *streamTx) Stream(ctx context.Context, topic string) (storage.StreamRecord, bool, error) {
-	return getStream(ctx, t.tx, topic)
+	row, err := t.queryRow(ctx, qStreamGet, topic)
+	if err != nil {
+		return storage.StreamRecord{}, false, err
+	}
+	return scanStream(row, topic)
+}
+
+// Streams reads the records of topics in one statement
+// (storage.StreamsReader).
+func (t *streamTx) Streams(ctx context.Context, topics []string) ([]storage.StreamRecord, error) {
+	arg, err := json.Marshal(topics)
+	if err != nil {
+		return nil, err
+	}
+	st, err := t.stmt(ctx, qStreamsGet)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := st.QueryContext(ctx, string(arg))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var recs []storage.StreamRecord
+	for rows.Next() {
+		var rec storage.StreamRecord
+		if err := rows.Scan(&rec.Topic, &rec.Meta, &rec.ExpiresAt); err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	return recs, rows.Err()
 }
 
 func (t *streamTx) PutStream(ctx context.Context, rec storage.StreamRecord) error {
-	_, err := t.tx.ExecContext(ctx, qStreamPut, rec.Topic, rec.Meta, rec.ExpiresAt)
-	return err
+	return t.exec(ctx, qStreamPut, rec.Topic, rec.Meta, rec.ExpiresAt)
 }
 
 func (t *streamTx) DeleteStream(ctx context.Context, topic string) error {
-	if _, err := t.tx.ExecContext(ctx, qStreamDelete, topic); err != nil {
+	if err := t.exec(ctx, qStreamDelete, topic); err != nil {
 		return err
 	}
-	_, err := t.tx.ExecContext(ctx, qProducersDelete, topic)
-	return err
+	return t.exec(ctx, qProducersDelete, topic)
 }
 
 func (t *streamTx) Producer(ctx context.Context, topic, producer string) ([]byte, bool, error) {
+	row, err := t.queryRow(ctx, qProducerGet, topic, producer)
+	if err != nil {
+		return nil, false, err
+	}
 	var state []byte
-	err := t.tx.QueryRowContext(ctx, qProducerGet, topic, producer).Scan(&state)
+	err = row.Scan(&state)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, false, nil
 	}
@@ -207,13 +302,16 @@ func (t *streamTx) Producer(ctx context.Context, topic, producer string) ([]byte
 }
 
 func (t *streamTx) PutProducer(ctx context.Context, topic, producer string, state []byte) error {
-	_, err := t.tx.ExecContext(ctx, qProducerPut, topic, producer, state)
-	return err
+	return t.exec(ctx, qProducerPut, topic, producer, state)
 }
 
 func (t *streamTx) Last(ctx context.Context, topic string) (int64, error) {
+	row, err := t.queryRow(ctx, qStreamLast, topic)
+	if err != nil {
+		return 0, err
+	}
 	var last int64
-	err := t.tx.QueryRowContext(ctx, qStreamLast, topic).Scan(&last)
+	err = row.Scan(&last)
 	return last, err
 }
 
@@ -228,8 +326,13 @@ func (t *streamTx) Append(ctx context.Context, evs []storage.Event) ([]storage.A
 }
 
 func getStream(ctx context.Context, q querier, topic string) (storage.StreamRecord, bool, error) {
+	return scanStream(q.QueryRowContext(ctx, qStreamGet, topic), topic)
+}
+
+// scanStream scans a row of qStreamGet, the record of topic.
+func scanStream(row *sql.Row, topic string) (storage.StreamRecord, bool, error) {
 	rec := storage.StreamRecord{Topic: topic}
-	err := q.QueryRowContext(ctx, qStreamGet, topic).Scan(&rec.Meta, &rec.ExpiresAt)
+	err := row.Scan(&rec.Meta, &rec.ExpiresAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		return storage.StreamRecord{}, false, nil
 	}

@@ -50,10 +50,13 @@ const qInsertTx = `INSERT INTO events (event_id, type, topic, payload, created_a
 	ON CONFLICT (event_id) DO NOTHING
 	RETURNING sequence, created_at`
 
-// txQueries are the statements AppendTx and BeginTx run. Open prepares
-// them on the *sql.DB, so that they are reused on the transaction's
-// connection (Tx.StmtContext) without needing a second connection.
-var txQueries = []string{qInsertTx, qByEventID, qTakeWriteLock, qHead}
+// txQueries are the statements AppendTx and BeginTx run, and a stream
+// transaction's (UpdateStreams; a job commit runs a put per job). Open
+// prepares them on the *sql.DB, so that they are reused on the
+// transaction's connection (Tx.StmtContext) without needing a second
+// connection.
+var txQueries = []string{qInsertTx, qByEventID, qTakeWriteLock, qHead,
+	qStreamGet, qStreamsGet, qStreamPut, qStreamDelete, qProducersDelete, qProducerGet, qProducerPut, qStreamLast}
 
 // prepareTx prepares txQueries (errors are left to AppendTx, which then
 // prepares on the transaction).

@@ -70,6 +70,18 @@ type StreamTx interface {
 	Append(ctx context.Context, evs []Event) ([]AppendResult, error)
 }
 
+// StreamsReader is an optional [StreamTx] capability: reading the records
+// of many topics in one statement. A caller that reads a record of every
+// one of many topics (the job committer: one per running job, each
+// commit) uses it when the transaction has it, and falls back to one
+// Stream call per topic when it has not; a store implements it when a
+// round trip or a statement per record costs more than one for all.
+type StreamsReader interface {
+	// Streams returns the records of those of topics that have one, in no
+	// particular order; a topic named twice is returned once.
+	Streams(ctx context.Context, topics []string) ([]StreamRecord, error)
+}
+
 // StreamRecord is the stored state of one Durable Stream: one per topic.
 type StreamRecord struct {
 	Topic string

@@ -62,6 +62,7 @@ func Run(t *testing.T, newLog func(t *testing.T) (open func() replayd.Store)) {
 		{"SequenceFloor", testSequenceFloor},
 		{"StreamsAtomic", testStreamsAtomic},
 		{"StreamsRoundTrip", testStreamsRoundTrip},
+		{"StreamsMany", testStreamsMany},
 		{"StreamsAppendVisibility", testStreamsAppendVisibility},
 		{"StreamsRead", testStreamsRead},
 		{"StreamsSerialised", testStreamsSerialised},

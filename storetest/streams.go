@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -204,6 +205,81 @@ func testStreamsRoundTrip(t *testing.T, open func() replayd.Store) {
 		return nil
 	})
 }
+
+// A transaction that can read many records in one statement
+// (storage.StreamsReader) returns exactly the records of the topics named
+// that have one, as the transaction sees them: its own puts and deletes
+// included, a topic named twice once, topics of any spelling.
+func testStreamsMany(t *testing.T, open func() replayd.Store) {
+	ss := streamStore(t, open())
+	ctx := ctxT(t)
+	topics := []string{"a", `q"u'o,t[e]`, "ünï/cødé", "100%_", "b"}
+	for i := range 300 {
+		topics = append(topics, fmt.Sprintf("many-%03d", i))
+	}
+	// got reads topics' records through tx as topic -> meta.
+	got := func(tx storage.StreamTx, topics []string) (map[string]string, error) {
+		sr, ok := tx.(storage.StreamsReader)
+		if !ok {
+			return nil, errSkip
+		}
+		recs, err := sr.Streams(ctx, topics)
+		if err != nil {
+			return nil, err
+		}
+		m := map[string]string{}
+		for _, rec := range recs {
+			if _, dup := m[rec.Topic]; dup {
+				return nil, fmt.Errorf("tx.Streams returned %q twice", rec.Topic)
+			}
+			m[rec.Topic] = fmt.Sprintf("%s@%d", rec.Meta, rec.ExpiresAt)
+		}
+		return m, nil
+	}
+	want := map[string]string{}
+	ask := append([]string{"absent", "a"}, topics...)
+	err := ss.UpdateStreams(ctx, topics, func(tx storage.StreamTx) error {
+		if m, err := got(tx, ask); err != nil || len(m) != 0 {
+			return fmt.Errorf("tx.Streams before any put: %v, %v", m, err)
+		}
+		for i, topic := range topics {
+			if i%3 == 2 {
+				continue
+			}
+			rec := storage.StreamRecord{Topic: topic, Meta: []byte("m" + topic), ExpiresAt: int64(i)}
+			if err := tx.PutStream(ctx, rec); err != nil {
+				return err
+			}
+			want[topic] = fmt.Sprintf("m%s@%d", topic, i)
+		}
+		if m, err := got(tx, ask); err != nil || !maps.Equal(m, want) {
+			return fmt.Errorf("tx.Streams after the puts, in their transaction: %d records (%v), want %d", len(m), err, len(want))
+		}
+		return nil
+	})
+	if errors.Is(err, errSkip) {
+		t.Skipf("a stream transaction of %T is not a storage.StreamsReader", ss)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	update(t, ss, topics, func(tx storage.StreamTx) error {
+		if m, err := got(tx, ask); err != nil || !maps.Equal(m, want) {
+			return fmt.Errorf("tx.Streams after the commit: %d records (%v), want %d", len(m), err, len(want))
+		}
+		if err := tx.DeleteStream(ctx, "a"); err != nil {
+			return err
+		}
+		delete(want, "a")
+		if m, err := got(tx, []string{"a", "b"}); err != nil || !maps.Equal(m, map[string]string{"b": want["b"]}) {
+			return fmt.Errorf("tx.Streams of a deleted and a kept record: %v, %v", m, err)
+		}
+		return nil
+	})
+}
+
+// errSkip is returned by a test's fn to skip it.
+var errSkip = errors.New("skip")
 
 // Events appended in a stream transaction get sequences above the head
 // and the transaction's earlier appends, and no reader (another store's

@@ -130,9 +130,6 @@ func (t *txn) put(ctx context.Context, topic string, m *meta) error {
 // appendEvents appends events of topic, of type typ, one per payload, and
 // returns the sequence of the last (0 for none).
 func (t *txn) appendEvents(ctx context.Context, topic, typ string, payloads []json.RawMessage) (int64, error) {
-	if len(payloads) == 0 {
-		return 0, nil
-	}
 	evs := make([]storage.Event, len(payloads))
 	for i, p := range payloads {
 		ev, err := newEvent(topic, typ, p)
@@ -141,25 +138,37 @@ func (t *txn) appendEvents(ctx context.Context, topic, typ string, payloads []js
 		}
 		evs[i] = ev
 	}
-	res, err := t.Append(ctx, evs)
-	if err != nil {
+	stored, err := t.appendAll(ctx, evs)
+	if err != nil || len(stored) == 0 {
 		return 0, err
 	}
-	var last int64
+	return stored[len(stored)-1].Sequence, nil
+}
+
+// appendAll appends evs (fresh event ids) in one call of the store and
+// returns them as stored.
+func (t *txn) appendAll(ctx context.Context, evs []storage.Event) ([]storage.Event, error) {
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	res, err := t.Append(ctx, evs)
+	if err != nil {
+		return nil, err
+	}
+	from := len(t.events)
 	for _, r := range res {
 		if r.Err != nil {
 			if errors.Is(r.Err, storage.ErrInvalid) {
-				return 0, refuse(http.StatusBadRequest, r.Err.Error())
+				return nil, refuse(http.StatusBadRequest, r.Err.Error())
 			}
-			return 0, r.Err
+			return nil, r.Err
 		}
 		if r.Duplicate {
-			return 0, fmt.Errorf("replayd: durable streams: a fresh event id was a duplicate")
+			return nil, fmt.Errorf("replayd: durable streams: a fresh event id was a duplicate")
 		}
 		t.events = append(t.events, r.Event)
-		last = r.Event.Sequence
 	}
-	return last, nil
+	return t.events[from:], nil
 }
 
 // marker appends a marker event of topic and returns its sequence.

@@ -128,7 +128,8 @@ type part struct {
 	progress json.RawMessage
 	ended    *outcome
 
-	// set by apply
+	// set in the transaction (prepare, write)
+	cur             *record // the job's record, as the transaction writes it
 	abandoned, lost bool
 	end             *outcome
 }
@@ -187,6 +188,11 @@ func (m *Manager) commitAll() error {
 }
 
 // commitParts commits parts in one transaction, then settles each run.
+// The transaction reads every run's record in one statement (Prefetch),
+// appends every run's messages in one call of the store (AppendAll),
+// then writes the records: its statements do not grow with the runs'
+// count, nor, on PostgreSQL, its round trips (the log's head row stays
+// locked from the append to the commit, so that is kept short).
 func (m *Manager) commitParts(parts []*part) error {
 	ctx := m.cfg.Ctx
 	topics := make([]string, len(parts))
@@ -194,8 +200,30 @@ func (m *Manager) commitParts(parts []*part) error {
 		topics[i] = p.r.topic
 	}
 	err := m.updateTopics(ctx, topics, func(a *durable.AppTx) error {
+		if err := a.Prefetch(ctx, topics); err != nil {
+			return err
+		}
+		var batches []durable.Appends
+		var of []*part // batches[i] is of[i]'s
 		for _, p := range parts {
-			if err := p.apply(ctx, a); err != nil {
+			msgs, err := p.prepare(ctx, a)
+			if err != nil {
+				return err
+			}
+			if len(msgs) > 0 {
+				batches = append(batches, durable.Appends{Topic: p.r.topic, Payloads: msgs})
+				of = append(of, p)
+			}
+		}
+		last, err := a.AppendAll(ctx, batches)
+		if err != nil {
+			return err
+		}
+		for i, p := range of {
+			p.cur.addMark(last[i])
+		}
+		for _, p := range parts {
+			if err := p.write(ctx, a); err != nil {
 				return err
 			}
 		}
@@ -211,28 +239,28 @@ func (m *Manager) commitParts(parts []*part) error {
 	return nil
 }
 
-// apply writes p in a: its messages and its record, and its end if the
-// upstream returned or the job was abandoned.
-func (p *part) apply(ctx context.Context, a *durable.AppTx) error {
+// prepare reads p's job in a and returns the messages p appends to it:
+// none when the job is no longer this node's (p.lost).
+func (p *part) prepare(ctx context.Context, a *durable.AppTx) ([]json.RawMessage, error) {
 	r, m := p.r, p.r.m
-	p.abandoned, p.lost, p.end = false, false, p.ended
+	p.cur, p.abandoned, p.lost, p.end = nil, false, false, p.ended
 	s, err := a.Get(ctx, r.topic)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if s == nil {
 		p.lost = true
-		return nil
+		return nil, nil
 	}
 	cur, err := decodeRecord(s.App)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if cur.Status != Streaming || cur.Owner != m.node {
 		p.lost = true
-		return nil
+		return nil, nil
 	}
-	now := a.Now()
+	p.cur = cur
 	var ps []json.RawMessage
 	for i, it := range p.items {
 		if it.event != nil {
@@ -251,13 +279,17 @@ func (p *part) apply(ctx context.Context, a *durable.AppTx) error {
 	if p.progress != nil {
 		ps = append(ps, message{K: kindProgress, P: p.progress}.encode())
 	}
-	if len(ps) > 0 {
-		seq, err := a.Append(ctx, r.topic, ps)
-		if err != nil {
-			return err
-		}
-		cur.addMark(seq)
+	return ps, nil
+}
+
+// write writes p's record in a, once its messages are appended, and its
+// end if the upstream returned or the job was abandoned.
+func (p *part) write(ctx context.Context, a *durable.AppTx) error {
+	r, m, cur := p.r, p.r.m, p.cur
+	if p.lost {
+		return nil
 	}
+	now := a.Now()
 	if p.progress != nil {
 		cur.Progress = p.progress
 	}
