@@ -18,10 +18,11 @@ import (
 // (StreamStore.UpdateStreams over the runs' topics, at most maxBatch of
 // them a transaction), each run's messages in its upstream's order and its
 // record (text length, event count, marks, lease, progress) in the same
-// transaction. So the node costs about 1/Linger commits a second however
-// many jobs it runs and however fast they write (200 jobs × 50 tokens/s:
-// 20 commits/s, not one per token, nor one per job per Linger), and a
-// token waits at most a Linger plus a commit before readers see it.
+// transaction. So the node costs about 1/Linger commits a second for up
+// to maxBatch running jobs, however fast they write (200 jobs × 50
+// tokens/s: 20 commits/s, not one per token, nor one per job per Linger),
+// and one more a Linger for each maxBatch jobs beyond; and a token waits
+// at most a Linger plus a commit before readers see it.
 //
 // A run whose pending bytes reach MaxBuffer is committed without waiting
 // out the Linger. A run with nothing pending is committed (its lease
