@@ -53,9 +53,11 @@ type Store struct {
 	// prunes are the per-topic prunes in progress, whose chunks ride the
 	// appends' commits (pruneride.go); under writeMu. writers counts the
 	// Appends and stream transactions waiting for writeMu or holding it: a
-	// prune's own transactions wait while there are any.
-	prunes  []*topicPrune
-	writers atomic.Int32
+	// prune's own transactions wait while there are any, and are small
+	// while the log was appended to within quietAfter.
+	prunes   []*topicPrune
+	writers  atomic.Int32
+	appended atomic.Int64 // when an Append last began (Unix ns)
 	// ckpt takes the checkpoints the writer's commits make due (see
 	// checkpoint.go); nil until the writer's connection first turns its own
 	// off, on a WAL database. Set under writeMu; stopped by Close.

@@ -11,20 +11,27 @@ import (
 //
 // A prune's deletes need SQLite's write lock, as appends do. Deleting a
 // topic of a million rows in transactions of its own, paced to a tenth of
-// the time (an earlier design), still raised publish p99 2–4× while 64
-// publishers ran (BENCHMARKS.md "Retention per topic"): the prune's
-// goroutine took writeMu for each batch and could lose its CPU while
-// holding it (on two busy cores, for up to 130 ms), and every publish
-// queued behind it. So while this process appends, the prune runs no
-// transaction of its own: the writer deletes a chunk of it (rideRows) in
+// the time (the design before this one), took 34–43 s while 64 publishers
+// ran, and raised publish p99 about 1.5× all along (BENCHMARKS.md
+// "Retention per topic"): each batch took writeMu, and the prune's
+// goroutine could lose its CPU while holding it (on two busy cores, for
+// up to 130 ms), with every publish queued behind it. Now, while this
+// process appends, the writer deletes a chunk of the prune (rideRows) in
 // each append's transaction, after the batch's rows and before its
 // commit, in a savepoint (a chunk that fails rolls back alone and fails
-// the prune, never the append). The chunk costs a publish a fraction of a
-// millisecond, on a goroutine that holds writeMu anyway, and shares the
-// commit's write of the WAL. When no append has carried a chunk for
-// rideWait and none waits for writeMu, the prune deletes in batches of
-// its own (topicPruneBatch), back to back while that lasts: a quiet log is
-// pruned as fast as SQLite deletes.
+// the prune, never the append): about 120 µs of a goroutine that holds
+// writeMu anyway, sharing the commit's write of the WAL. When no chunk
+// rode a commit for rideWait and no append waits for writeMu or holds it,
+// the prune deletes in transactions of its own: gapRows at a time on a
+// log appended to within quietAfter, topicPruneBatch on a quiet one, back
+// to back while that lasts. The same 1M rows now go in 2.4–2.8 s; the
+// publish and delivery p99 while they go are 0.8–1.9× the run without,
+// not yet within the 1.2× the design aims at: the prune's CPU, most of a
+// core for those seconds, is what the others miss.
+//
+// A prune ends (PruneTopic returns) only once it is out of the writer's
+// list, so the rows it reports deleted are every chunk that committed,
+// and a chunk rides no commit after the prune's ctx ended.
 //
 // The rows a prune deletes are at or below the head it read first, so a
 // chunk never deletes a row of the batch it rides, and the writer's caches
@@ -33,14 +40,8 @@ import (
 // was.
 
 // rideRows is how many rows a chunk riding an append's commit deletes at
-// most: a few hundred microseconds of the writer's time. At the hundreds of
-// commits a second of a busy log, a prune deletes some 20,000 rows a
-// second this way.
+// most: about 120 µs of the writer's time.
 const rideRows = 64
-
-// rideWait: with no chunk ridden this long, and no append waiting, the
-// prune deletes in transactions of its own.
-const rideWait = 10 * time.Millisecond
 
 // topicPrune is a per-topic prune in progress (pruneTopicThrough): the
 // rows of topic (nil: the broadcasts) at or below edge, and those created
@@ -86,10 +87,10 @@ func (p *topicPrune) progress(n int64, limit int, err error, ride bool) {
 	}
 }
 
-func (p *topicPrune) state() (deleted int64, done bool, err error, lastRide time.Time) {
+func (p *topicPrune) state() (deleted int64, done bool, lastRide time.Time, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.deleted, p.done, p.err, p.lastRide
+	return p.deleted, p.done, p.lastRide, p.err
 }
 
 // pruneTopicThrough deletes p's rows: riding this process's appends while
@@ -112,7 +113,7 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut,
 			}
 		}
 		unlock()
-		deleted, _, err, _ := p.state()
+		deleted, _, _, err := p.state()
 		if err == nil {
 			err = cause
 		}
@@ -121,7 +122,7 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut,
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		_, done, _, lastRide := p.state()
+		_, done, lastRide, _ := p.state()
 		if done {
 			return end(nil)
 		}
@@ -130,10 +131,14 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut,
 		}
 		wait := rideWait - time.Since(lastRide)
 		if wait <= 0 && s.writers.Load() == 0 {
+			limit := topicPruneBatch
+			if time.Since(time.Unix(0, s.appended.Load())) < quietAfter {
+				limit = gapRows
+			}
 			unlock := lock()
-			n, err := s.pruneAlone(ctx, p)
+			n, err := s.pruneAlone(ctx, p, limit)
 			unlock()
-			p.progress(n, topicPruneBatch, err, false)
+			p.progress(n, limit, err, false)
 			continue
 		}
 		t.Reset(max(wait, time.Millisecond))
@@ -146,15 +151,27 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut,
 }
 
 // topicPruneBatch is how many rows a prune's own transaction deletes at
-// most: about a millisecond and a half of the write lock, which an append
-// that comes meanwhile waits for.
-const topicPruneBatch = 250
+// most on a log quiet for quietAfter: some 6 ms of the write lock; gapRows
+// on a log appended to since, whose next append may come meanwhile and
+// wait for it.
+const (
+	topicPruneBatch = 1000
+	gapRows         = 250
+)
+
+// rideWait: with no chunk ridden this long, and no append waiting or
+// running, a prune deletes in transactions of its own; quietAfter: a log
+// no append came to for this long is quiet.
+const (
+	rideWait   = 10 * time.Millisecond
+	quietAfter = time.Second
+)
 
 // pruneAlone deletes a batch of p in a transaction of its own on the
 // writer's connection. The caller holds s.writeMu.
-func (s *Store) pruneAlone(ctx context.Context, p *topicPrune) (n int64, err error) {
+func (s *Store) pruneAlone(ctx context.Context, p *topicPrune, limit int) (n int64, err error) {
 	err = s.writerTx(ctx, func(conn *sql.Conn) error {
-		n, err = pruneChunk(ctx, conn, p, topicPruneBatch)
+		n, err = pruneChunk(ctx, conn, p, limit)
 		return err
 	})
 	if err != nil {

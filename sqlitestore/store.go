@@ -116,6 +116,7 @@ func (s *Store) Close() error {
 func (s *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.AppendResult, error) {
 	s.writers.Add(1)
 	defer s.writers.Add(-1)
+	s.appended.Store(time.Now().UnixNano())
 	unlock, err := lockCtx(ctx, &s.writeMu)
 	if err != nil {
 		return nil, err
