@@ -50,6 +50,14 @@ type Store struct {
 	streamQ streamQueue
 	writer  *logWriter // Append's connection
 	closed  bool
+	// prunes are the per-topic prunes in progress, whose chunks ride the
+	// appends' commits (pruneride.go); under writeMu. writers counts the
+	// Appends and stream transactions waiting for writeMu or holding it: a
+	// prune's own transactions wait while there are any, and are small
+	// while the log was appended to within quietAfter.
+	prunes   []*topicPrune
+	writers  atomic.Int32
+	appended atomic.Int64 // when an Append last began (Unix ns)
 	// ckpt takes the checkpoints the writer's commits make due (see
 	// checkpoint.go); nil until the writer's connection first turns its own
 	// off, on a WAL database. Set under writeMu; stopped by Close.
@@ -65,6 +73,10 @@ type Store struct {
 	// testHookHandshake, if set, runs inside readHandshake's read
 	// transaction, holding its pooled connection.
 	testHookHandshake func()
+	// testHookPruneChunk, if set, gets a per-topic prune's rows deleted
+	// so far and how many of its chunks rode an append's commit, after
+	// each of its chunks committed (from the goroutine that committed it).
+	testHookPruneChunk func(deleted int64, rides int)
 }
 
 var (

@@ -7,7 +7,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/replayd/replayd/internal/prunepace"
 	"github.com/replayd/replayd/storage"
 )
 
@@ -270,79 +269,6 @@ func (s *Store) PruneTopic(ctx context.Context, topic string, through int64) (in
 		s.writeMu.Lock()
 		return s.writeMu.Unlock
 	})
-}
-
-// pruneTopicThrough deletes the rows of topic (nil: the broadcasts) at or
-// below edge, and those created before cut, never above h0: a prefix of
-// the topic, in batches of topicPruneBatch, each raising the topic's
-// watermark and the hole mark (holeKey) in its transaction, paced by
-// package prunepace.
-func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut, h0 int64, lock func() func()) (int64, error) {
-	var deleted int64
-	pace := prunepace.New(s.issued.Load)
-	for {
-		pace.Start()
-		n, err := s.pruneTopicOnce(ctx, topic, edge, cut, h0, lock)
-		deleted += n
-		if err != nil || n < topicPruneBatch {
-			return deleted, err
-		}
-		if err := pace.Pause(ctx); err != nil {
-			return deleted, err
-		}
-	}
-}
-
-// topicPruneBatch is how many rows a per-topic prune's transaction deletes
-// at most: about a millisecond and a half of the write lock, so that,
-// paced (see package prunepace), a prune of a topic appended to deletes
-// some 10,000 rows a second, and any number back to back on a quiet log.
-const topicPruneBatch = 250
-
-func (s *Store) pruneTopicOnce(ctx context.Context, topic *string, edge, cut, h0 int64, lock func() func()) (deleted int64, err error) {
-	qHead, qDelete, key, arg := qPruneTopicHead, qPruneTopicDelete, "", any(nil)
-	if topic == nil {
-		qHead, qDelete = qPruneBroadcastHead, qPruneBcastDelete
-	} else {
-		key, arg = *topic, *topic
-	}
-	defer lock()()
-	err = s.writerTx(ctx, func(conn *sql.Conn) error {
-		rows, err := conn.QueryContext(ctx, qHead, arg, topicPruneBatch)
-		if err != nil {
-			return err
-		}
-		var through int64
-		for rows.Next() {
-			var seq, created int64
-			if err := rows.Scan(&seq, &created); err != nil {
-				rows.Close()
-				return err
-			}
-			if seq > h0 || (seq > edge && created >= cut) {
-				break
-			}
-			through = seq
-			deleted++
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil || deleted == 0 {
-			return err
-		}
-		if _, err := conn.ExecContext(ctx, qDelete, arg, through); err != nil {
-			return err
-		}
-		for _, k := range []string{key, holeKey} {
-			if _, err := conn.ExecContext(ctx, qPruneMark, k, through); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return deleted, nil
 }
 
 // writerTx runs fn in a write transaction on the writer's connection, as

@@ -114,6 +114,9 @@ func (s *Store) Close() error {
 // for another connection's write lock, and between rows; once the rows are
 // sent, COMMIT runs to its end.
 func (s *Store) Append(ctx context.Context, evs []storage.Event) ([]storage.AppendResult, error) {
+	s.writers.Add(1)
+	defer s.writers.Add(-1)
+	s.appended.Store(time.Now().UnixNano())
 	unlock, err := lockCtx(ctx, &s.writeMu)
 	if err != nil {
 		return nil, err

@@ -53,6 +53,8 @@ const (
 // synchronous=FULL) per batch instead of one each. A batch of one call
 // needs no savepoint: its failure rolls the transaction back.
 func (s *Store) UpdateStreams(ctx context.Context, topics []string, fn func(storage.StreamTx) error) error {
+	s.writers.Add(1)
+	defer s.writers.Add(-1)
 	op := &streamOp{ctx: ctx, fn: fn, done: make(chan struct{})}
 	s.streamQ.push(op)
 	unlock, err := lockCtx(ctx, &s.writeMu)

@@ -1,5 +1,6 @@
 // Package prunepace paces a long prune so that it leaves the log to its
-// publishers and readers, for replayd's stores.
+// publishers and readers: replaydpg's per-topic prunes. (sqlitestore's
+// ride this process's appends' commits instead: sqlitestore/pruneride.go.)
 //
 // A prune's batches take the write lock that appends need (on SQLite), and
 // CPU and I/O that publishers and readers need (on every store): run back
