@@ -247,20 +247,19 @@ func (t *streamTx) Streams(ctx context.Context, topics []string) ([]storage.Stre
 		b.Queue(t.s.q.streamsGet, topics)
 	}, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
-		if err != nil {
-			return err
+		if err == nil {
+			recs, err = pgx.CollectRows(rows, scanStreamRecord)
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var rec storage.StreamRecord
-			if err := rows.Scan(&rec.Topic, &rec.Meta, &rec.ExpiresAt); err != nil {
-				return err
-			}
-			recs = append(recs, rec)
-		}
-		return rows.Err()
+		return err
 	})
 	return recs, wrapStream(err)
+}
+
+// scanStreamRecord scans a row of topic, meta, expires_at.
+func scanStreamRecord(row pgx.CollectableRow) (storage.StreamRecord, error) {
+	var rec storage.StreamRecord
+	err := row.Scan(&rec.Topic, &rec.Meta, &rec.ExpiresAt)
+	return rec, err
 }
 
 func (t *streamTx) PutStream(ctx context.Context, rec storage.StreamRecord) error {
@@ -454,11 +453,7 @@ func (s *Store) DueStreams(ctx context.Context, now int64, limit int) ([]storage
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: list due streams: %w", err)
 	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (storage.StreamRecord, error) {
-		var rec storage.StreamRecord
-		err := row.Scan(&rec.Topic, &rec.Meta, &rec.ExpiresAt)
-		return rec, err
-	})
+	recs, err := pgx.CollectRows(rows, scanStreamRecord)
 	if err != nil {
 		return nil, fmt.Errorf("replaydpg: list due streams: %w", err)
 	}

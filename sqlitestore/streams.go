@@ -267,6 +267,11 @@ func (t *streamTx) Streams(ctx context.Context, topics []string) ([]storage.Stre
 	if err != nil {
 		return nil, err
 	}
+	return scanStreams(rows)
+}
+
+// scanStreams scans rows of topic, meta, expires_at, and closes them.
+func scanStreams(rows *sql.Rows) ([]storage.StreamRecord, error) {
 	defer rows.Close()
 	var recs []storage.StreamRecord
 	for rows.Next() {
@@ -402,15 +407,8 @@ func (s *Store) DueStreams(ctx context.Context, now int64, limit int) (recs []st
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var rec storage.StreamRecord
-			if err := rows.Scan(&rec.Topic, &rec.Meta, &rec.ExpiresAt); err != nil {
-				return err
-			}
-			recs = append(recs, rec)
-		}
-		return rows.Err()
+		recs, err = scanStreams(rows)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("replayd: list due streams: %w", err)
