@@ -1,12 +1,10 @@
 package replayd_test
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/replayd/replayd"
 	"github.com/replayd/replayd/hubtest"
 	"github.com/replayd/replayd/internal/countstore"
 )
@@ -16,16 +14,6 @@ import (
 //
 //	REPLAYD_JOBS_COST=1 go test -run '^TestJobsCost$' -v -timeout 10m .
 func TestJobsCost(t *testing.T) {
-	if os.Getenv("REPLAYD_JOBS_COST") == "" {
-		t.Skip("set REPLAYD_JOBS_COST=1 to measure job streams' cost")
-	}
 	s := countstore.OpenCounting(t, filepath.Join(t.TempDir(), "log.db"))
-	hubtest.JobsCost(t, func(opts replayd.Options) *replayd.EventHub {
-		h, err := replayd.NewWithStore(s, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.Close() })
-		return h
-	}, s.Commits.Load, 200, 20*time.Second)
+	hubtest.JobsCost(t, s, s.Commits.Load, 200, 20*time.Second)
 }
