@@ -8,6 +8,9 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -100,12 +103,22 @@ func PruneTopicCost(t *testing.T, open func(replayd.Options) *replayd.EventHub, 
 	}
 	ready.Wait()
 
-	// Publishers: paced, each on its own topic.
+	// Publishers: paced, each on its own topic, their ticks spread evenly
+	// over the period as independent publishers' would be. (Started
+	// together, 64 tickers fire together: every 100 ms a burst of 64
+	// publishes, whose samples come and go together, and a window's p99
+	// was the slowest of its few dozen bursts.)
+	period := time.Second / perPublisher
 	for p := range publishers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tick := time.NewTicker(time.Second / perPublisher)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(p) * period / publishers): // the phase
+			}
+			tick := time.NewTicker(period)
 			defer tick.Stop()
 			for {
 				select {
@@ -138,9 +151,26 @@ func PruneTopicCost(t *testing.T, open func(replayd.Options) *replayd.EventHub, 
 			}
 		}
 	}
+	profiles := os.Getenv("REPLAYD_PRUNE_COST_PROFILE") // a directory: each window's execution trace
+	windows := 0
 	measure := func(d time.Duration, during func()) *window {
 		w := &window{}
 		time.Sleep(2 * time.Second) // settle after the fill
+		if profiles != "" {
+			name := "without"
+			if during != nil {
+				name = "with"
+			}
+			f, err := os.Create(filepath.Join(profiles, fmt.Sprintf("%d-%s.trace", windows, name)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			windows++
+			if err := trace.Start(f); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { trace.Stop(); f.Close() }()
+		}
 		cur.Store(w)
 		start := time.Now()
 		if during != nil {
@@ -160,12 +190,21 @@ func PruneTopicCost(t *testing.T, open func(replayd.Options) *replayd.EventHub, 
 		slices.Sort(s)
 		return s[int(math.Ceil(p*float64(len(s))))-1]
 	}
+	// REPLAYD_PRUNE_COST_CONTROL=5s makes the "with" windows prune
+	// nothing and last 5s: how far two windows without differ.
+	control, _ := time.ParseDuration(os.Getenv("REPLAYD_PRUNE_COST_CONTROL"))
 	var last time.Duration // the last prune's length: a window without lasts as long
+	var withAll, withoutAll window
 	for pair := range pairs {
 		fill()
 		var pruneTook time.Duration
 		var pruned int64
 		prune := func() {
+			if control > 0 { // no prune: a window as long, to see the noise
+				time.Sleep(control)
+				pruneTook = control
+				return
+			}
 			start := time.Now()
 			n, err := h.PruneTopic(ctx, "bulk", math.MaxInt64)
 			if err != nil {
@@ -198,7 +237,15 @@ func PruneTopicCost(t *testing.T, open func(replayd.Options) *replayd.EventHub, 
 		}
 		t.Logf("pair %d ratio with/without: publish p99 %.2f×, delivery p99 %.2f×", pair,
 			float64(q(with.publish, .99))/float64(q(without.publish, .99)), float64(q(with.delivery, .99))/float64(q(without.delivery, .99)))
+		withAll.publish, withAll.delivery = append(withAll.publish, with.publish...), append(withAll.delivery, with.delivery...)
+		withoutAll.publish, withoutAll.delivery = append(withoutAll.publish, without.publish...), append(withoutAll.delivery, without.delivery...)
 	}
+	// The pairs' samples pooled: each window's p99 is that of a few
+	// thousand publishes, and moves from pair to pair by more than the
+	// 20% looked for.
+	t.Logf("%d pairs pooled: publish p99 %v with, %v without (%.2f×); delivery p99 %v with, %v without (%.2f×)", pairs,
+		q(withAll.publish, .99), q(withoutAll.publish, .99), float64(q(withAll.publish, .99))/float64(q(withoutAll.publish, .99)),
+		q(withAll.delivery, .99), q(withoutAll.delivery, .99), float64(q(withAll.delivery, .99))/float64(q(withoutAll.delivery, .99)))
 	cancel()
 	wg.Wait()
 }
