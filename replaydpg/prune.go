@@ -14,6 +14,11 @@ import (
 // pruneRows is how many rows one retention statement deletes at most.
 const pruneRows = 1000
 
+// pruneDuty: while this store appends, a per-topic prune works at most
+// 1/pruneDuty of the time (package prunepace); measured with 10
+// (BENCHMARKS.md "Retention per topic").
+const pruneDuty = 10
+
 // Retention.
 const (
 	// qPruneEdges: $1 MaxEvents (0: none), $2 MaxAge in microseconds (0:
@@ -355,7 +360,7 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, ordEdge, s
 		q = s.q.prune.bcastBatch
 	}
 	var deleted, last int64
-	pace := prunepace.New(s.issued.Load)
+	pace := prunepace.New(s.issued.Load, pruneDuty)
 	for {
 		var (
 			n       int64

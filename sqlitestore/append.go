@@ -236,14 +236,9 @@ func (w *logWriter) append(ctx context.Context, evs []storage.Event, dup []bool)
 	if err := w.beginWrite(ctx); err != nil {
 		return false, err
 	}
-	var rode *ridden
 	if err = w.insertRows(ctx, evs, dup); err == nil {
-		rode, err = w.ride() // a chunk of a prune in progress (pruneride.go)
-	}
-	if err == nil {
 		// A fresh context: a cancelled one must not leave the transaction open.
 		if _, err = w.commit.ExecContext(context.Background()); err == nil {
-			rode.committed()
 			if w.autoCheckpoint > 0 {
 				w.afterCommitCheckpoint()
 			}

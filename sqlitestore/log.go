@@ -50,12 +50,10 @@ type Store struct {
 	streamQ streamQueue
 	writer  *logWriter // Append's connection
 	closed  bool
-	// prunes are the per-topic prunes in progress, whose chunks ride the
-	// appends' commits (pruneride.go); under writeMu. writers counts the
-	// Appends and stream transactions waiting for writeMu or holding it: a
-	// prune's own transactions wait while there are any, and are small
-	// while the log was appended to within quietAfter.
-	prunes   []*topicPrune
+	// writers counts the Appends and stream transactions waiting for
+	// writeMu or holding it: a per-topic prune's transactions wait while
+	// there are any (prunetopic.go), and are small and paced while the
+	// log was appended to within quietAfter.
 	writers  atomic.Int32
 	appended atomic.Int64 // when an Append last began (Unix ns)
 	// ckpt takes the checkpoints the writer's commits make due (see
@@ -74,9 +72,8 @@ type Store struct {
 	// transaction, holding its pooled connection.
 	testHookHandshake func()
 	// testHookPruneChunk, if set, gets a per-topic prune's rows deleted
-	// so far and how many of its chunks rode an append's commit, after
-	// each of its chunks committed (from the goroutine that committed it).
-	testHookPruneChunk func(deleted int64, rides int)
+	// so far after each of its batches committed.
+	testHookPruneChunk func(deleted int64)
 }
 
 var (

@@ -1,6 +1,7 @@
 // Package prunepace paces a long prune so that it leaves the log to its
-// publishers and readers: replaydpg's per-topic prunes. (sqlitestore's
-// ride this process's appends' commits instead: sqlitestore/pruneride.go.)
+// publishers and readers: the per-topic prunes of replaydpg and of
+// sqlitestore (which also waits for room before each batch:
+// sqlitestore/prunetopic.go).
 //
 // A prune's batches take the write lock that appends need (on SQLite), and
 // CPU and I/O that publishers and readers need (on every store): run back
@@ -8,9 +9,9 @@
 // all the time and raised publish p99 10–18× (TestPruneTopicCost);
 // pausing as long as each batch took still left 0.6–6×. So while the log
 // is appended to (its head seen moving within Busy), a paced prune works
-// at most 1/Duty of the time: after each batch it pauses Duty-1 times as
-// long as the batch took, between 2 and 100 ms. On a quiet log it runs its
-// batches back to back.
+// at most 1/duty of the time, its store's choice: after each batch it
+// pauses duty-1 times as long as the batch took, between 2 and 100 ms. On
+// a quiet log it runs its batches back to back.
 //
 // Why "within Busy" and not "since the last batch": appends that queued
 // for the lock during a batch may lose it to the next batch, taken at once
@@ -24,8 +25,6 @@ import (
 )
 
 const (
-	// Duty: a paced prune works at most 1/Duty of the time.
-	Duty = 10
 	// Busy: a log whose head was seen moving this recently is being
 	// appended to.
 	Busy = time.Second
@@ -36,15 +35,18 @@ const (
 // Pacer paces one prune. Make one per prune with New.
 type Pacer struct {
 	issued func() int64 // the store's highest sequence it knows was issued
+	duty   int
 	last   int64
 	busy   time.Time // when last was seen to move
 	start  time.Time // the current batch's start
 }
 
 // New returns a Pacer over issued, which reports the highest sequence the
-// store knows its log issued (its appends' and the heads it read).
-func New(issued func() int64) *Pacer {
-	return &Pacer{issued: issued, last: issued()}
+// store knows its log issued (its appends' and the heads it read), or any
+// value that changes as the log is appended to, working at most 1/duty of
+// the time while it is.
+func New(issued func() int64, duty int) *Pacer {
+	return &Pacer{issued: issued, last: issued(), duty: max(duty, 1)}
 }
 
 // Start marks the start of a batch.
@@ -60,7 +62,7 @@ func (p *Pacer) Pause(ctx context.Context) error {
 	if time.Since(p.busy) > Busy {
 		return nil // a quiet log: nobody to make room for
 	}
-	t := time.NewTimer(min(max(took*(Duty-1), minPause), maxPause))
+	t := time.NewTimer(min(max(took*time.Duration(p.duty-1), minPause), maxPause))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -12,7 +12,7 @@ import (
 // context ends a pause with its error.
 func TestPause(t *testing.T) {
 	var head atomic.Int64
-	p := New(head.Load)
+	p := New(head.Load, 10)
 	pause := func() time.Duration {
 		t.Helper()
 		p.Start()
