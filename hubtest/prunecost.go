@@ -24,8 +24,10 @@ import (
 // PruneTopicCost measures what pruning one topic of rows rows costs
 // everyone else (issue 30, item 3); it checks nothing but that the run
 // works, and logs its figures. On a hub open makes: 64 publishers, each on
-// a topic of its own at 10 events/s, and 1,000 SSE clients of those topics
-// over real HTTP (10,000 deliveries/s); the publish latency and the
+// a topic of its own at 10 events/s, their ticks spread evenly over the
+// 100 ms (REPLAYD_PRUNE_COST_BURSTS=1: all together), and 1,000 SSE
+// clients of those topics over real HTTP (10,000 deliveries/s); the
+// publish latency and the
 // delivery latency (publish start to the client's read) are recorded in
 // windows with and without a PruneTopic of a "bulk" topic running,
 // paired: each pair refills the bulk topic with rows rows and measures
@@ -33,6 +35,10 @@ import (
 // minutes; a backend's test runs it on request only, e.g.
 //
 //	REPLAYD_PRUNE_COST=1 go test -run '^TestPruneTopicCost$' -v -timeout 30m .
+//
+// The pairs' samples are also pooled. REPLAYD_PRUNE_COST_CONTROL=60s makes
+// the "with" windows prune nothing and last 60 s (the noise);
+// REPLAYD_PRUNE_COST_PROFILE=dir writes each window's execution trace.
 func PruneTopicCost(t *testing.T, open func(replayd.Options) *replayd.EventHub, rows, pairs int) {
 	const publishers, clients, perPublisher = 64, 1000, 10 // events/s each: 640/s, 10,000 deliveries/s
 	h := open(replayd.Options{SSE: replayd.SSEOptions{ReplayLimit: 0}})

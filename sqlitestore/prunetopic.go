@@ -52,8 +52,9 @@ const (
 )
 
 // pruneDuty: while the log is appended to, a per-topic prune works at
-// most 1/pruneDuty of the time. At 20, measured, a 1M-row topic takes
-// about 70 s beside 640 publishes a second; at 10 publish p99 rose more.
+// most 1/pruneDuty of the time: a 1M-row topic then takes about a minute
+// beside 640 publishes a second (TestPruneTopicCost). Other duties were
+// not measured with this design.
 const pruneDuty = 20
 
 // yieldPause: while a prune waits for room (see the top of this file) it
