@@ -73,8 +73,9 @@ const (
 // committed.
 func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut, h0 int64, lock func() func()) (deleted int64, err error) {
 	pace := prunepace.New(s.appended.Load, pruneDuty)
+	var ckpt *checkpointer // s.ckpt, read under lock (set under writeMu)
 	for {
-		if err := s.awaitRoom(ctx); err != nil {
+		if err := s.awaitRoom(ctx, ckpt); err != nil {
 			return deleted, err
 		}
 		limit := topicPruneBatch
@@ -88,6 +89,7 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut,
 			n, err = pruneChunk(ctx, conn, topic, edge, cut, h0, limit)
 			return err
 		})
+		ckpt = s.ckpt
 		unlock()
 		if err != nil {
 			return deleted, err
@@ -106,16 +108,15 @@ func (s *Store) pruneTopicThrough(ctx context.Context, topic *string, edge, cut,
 }
 
 // awaitRoom waits until no append waits for writeMu or holds it, no
-// checkpoint is due and no goroutine waits for a P, or maxYield has
-// passed, or ctx ends, whose error it then returns.
-func (s *Store) awaitRoom(ctx context.Context) error {
+// checkpoint of c (nil: none known yet) is due and no goroutine waits for
+// a P, or maxYield has passed, or ctx ends, whose error it then returns.
+func (s *Store) awaitRoom(ctx context.Context, c *checkpointer) error {
 	start := time.Now()
 	var t *time.Timer
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		c := s.ckpt
 		room := s.writers.Load() == 0 && (c == nil || c.pages.Load() < c.due) && !idlecpu.Busy()
 		if room || time.Since(start) >= maxYield {
 			return nil
